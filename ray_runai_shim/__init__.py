@@ -1,0 +1,56 @@
+"""Stream model weights with Run:ai Model Streamer from Ray Data's vLLM stage on Ray 2.45-2.51.
+
+``import ray_runai_shim`` is the whole set-up. It imports neither Ray nor
+vLLM (nor wrapt) until Ray is imported; then it patches Ray's stage through
+post-import hooks. ``RAY_RUNAI_SHIM_DISABLE=1`` turns it off, ``uninstall()``
+restores Ray exactly, ``status()`` reports what this process patched.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from . import _bootstrap
+from .errors import ShimError
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "install", "uninstall", "status", "runtime_env", "ShimError"]
+
+
+def install() -> bool:
+    """Patch now (or when Ray is imported). Idempotent. False if disabled by env."""
+    return _bootstrap.activate()
+
+
+def uninstall() -> None:
+    """Undo every patch, restoring each patched name to the exact original object."""
+    _bootstrap.deactivate()
+
+
+def status() -> dict[str, Any]:
+    """What the shim did in this process; call it inside a Ray task to see a worker's."""
+    import sys
+
+    patches = sys.modules.get(__name__ + ".patches")
+    if patches is None:
+        return {
+            "version": __version__,
+            "installed": False,
+            "waiting_for_ray": _bootstrap._wanted and "ray" not in sys.modules,
+            "disabled_by_env": _bootstrap.disabled_by_env(),
+            "plan": [],
+            "patched": [],
+            "patches_applied": [],
+        }
+    return patches.status()
+
+
+def runtime_env(base: Optional[dict[str, Any]] = None, *, remote: bool = False) -> dict[str, Any]:
+    """*base* plus what Ray workers need to load the shim (the user's values win)."""
+    from .activation import runtime_env as _runtime_env
+
+    return _runtime_env(base, remote=remote)
+
+
+_bootstrap.activate()

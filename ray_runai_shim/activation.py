@@ -1,0 +1,182 @@
+"""Carry the shim from the driver into the processes where Ray builds the stage.
+
+Ray Data constructs ``vLLMEngineStageUDF`` inside map-actor processes, which
+import a pristine ``ray.llm``. The one Ray mechanism that runs code in every
+worker of a job before any task is ``runtime_env["worker_process_setup_hook"]``,
+and Ray honours it only at job level, i.e. in ``ray.init``. So the shim wraps
+``ray.init`` and merges into the job's runtime_env -- never overwriting what the
+user set:
+
+* ``worker_process_setup_hook``: ours, chaining to the user's own hook if any;
+* ``env_vars``: endpoint/streamer settings the driver has, set-if-absent;
+* ``py_modules``: this package, only when workers could not import it otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from .log import logger
+
+SETUP_HOOK = "ray_runai_shim.activation.worker_setup"
+CHAIN_ENV = "RAY_RUNAI_SHIM_CHAINED_SETUP_HOOK"
+RAY_HOOK_ENV = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
+RAY_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+#: Settings the streamer and Ray's downloads read in the actors. Credentials
+#: are deliberately absent: workers should use their own identity.
+FORWARD_ENV = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_S3_ADDRESSING_STYLE",
+    "AWS_CA_BUNDLE",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_EC2_METADATA_DISABLED",
+)
+FORWARD_PREFIXES = ("RUNAI_STREAMER_", "RAY_RUNAI_SHIM_")
+NEVER_FORWARD = ("RAY_RUNAI_SHIM_CHAINED_SETUP_HOOK",)
+
+
+def in_ray_worker() -> bool:
+    try:
+        import ray._private.worker as w
+
+        return w.global_worker.mode == w.WORKER_MODE
+    except Exception:
+        return False
+
+
+def _load(path: str) -> Callable[[], Any]:
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def worker_setup() -> None:
+    """The job-level setup hook: the import installs the shim, then the user's hook runs."""
+    import ray_runai_shim  # noqa: F401  (import is install)
+
+    chained = os.environ.get(CHAIN_ENV)
+    if chained and chained != SETUP_HOOK:
+        _load(chained)()
+
+
+def _chain_callable(user_hook: Callable[[], Any]) -> Callable[[], Any]:
+    def ray_runai_shim_then_user_hook() -> Any:
+        worker_setup()
+        return user_hook()
+
+    ray_runai_shim_then_user_hook.__name__ = getattr(user_hook, "__name__", "setup_hook")
+    return ray_runai_shim_then_user_hook
+
+
+def _forwardable() -> dict[str, str]:
+    out = {k: os.environ[k] for k in FORWARD_ENV if k in os.environ}
+    for k, v in os.environ.items():
+        if k.startswith(FORWARD_PREFIXES) and k not in NEVER_FORWARD:
+            out[k] = v
+    return out
+
+
+def _package_dir() -> str:
+    return str(Path(__file__).resolve().parent)
+
+
+def importable_by_workers() -> bool:
+    """Will a worker on this machine import us without help (installed, or on PYTHONPATH)?"""
+    from importlib import metadata
+
+    try:
+        metadata.distribution("ray-runai-shim")
+        return True
+    except metadata.PackageNotFoundError:
+        pass
+    parent = str(Path(_package_dir()).parent)
+    entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return any(os.path.realpath(p) == os.path.realpath(parent) for p in entries)
+
+
+def _job_level_env() -> dict[str, Any]:
+    """The runtime_env a job submission already injected (Ray merges it with ours)."""
+    raw = os.environ.get(RAY_JOB_CONFIG_ENV)
+    if not raw:
+        return {}
+    try:
+        return dict(json.loads(raw).get("runtime_env") or {})
+    except Exception:
+        return {}
+
+
+def runtime_env(base: Optional[dict[str, Any]] = None, *, remote: bool = False) -> dict[str, Any]:
+    """*base* plus what workers need to load the shim. The user's values always win.
+
+    ``remote=True`` ships this package with ``py_modules`` (for clusters whose
+    image does not have it installed).
+    """
+    env: dict[str, Any] = dict(base or {})
+    submitted = _job_level_env()
+    submitted_vars = submitted.get("env_vars") or {}
+    env_vars = dict(env.get("env_vars") or {})
+    added: list[str] = []
+
+    hook = env.get("worker_process_setup_hook")
+    hook_taken = "worker_process_setup_hook" in submitted or RAY_HOOK_ENV in submitted_vars
+    if hook is None and not hook_taken:
+        env["worker_process_setup_hook"] = SETUP_HOOK
+        added.append("worker_process_setup_hook")
+    elif isinstance(hook, str) and hook != SETUP_HOOK:
+        env_vars[CHAIN_ENV] = hook
+        env["worker_process_setup_hook"] = SETUP_HOOK
+        added.append(f"worker_process_setup_hook (then {hook})")
+    elif callable(hook) and not getattr(hook, "_ray_runai_shim", False):
+        chained = _chain_callable(hook)
+        chained._ray_runai_shim = True  # type: ignore[attr-defined]
+        env["worker_process_setup_hook"] = chained
+        added.append("worker_process_setup_hook (then the user's callable)")
+
+    forwarded = []
+    for k, v in _forwardable().items():
+        if k not in env_vars and k not in submitted_vars:
+            env_vars[k] = v
+            forwarded.append(k)
+    if env_vars:
+        env["env_vars"] = env_vars
+
+    if remote:
+        mods = list(env.get("py_modules") or [])
+        if _package_dir() not in mods:
+            mods.append(_package_dir())
+            env["py_modules"] = mods
+            added.append("py_modules (this package)")
+    if added or forwarded:
+        logger.info(
+            "ray-runai-shim: job runtime_env += %s%s",
+            ", ".join(added) or "nothing",
+            f"; forwarded env (names only): {', '.join(sorted(forwarded))}" if forwarded else "",
+        )
+    return env
+
+
+def prepare_init_kwargs(args: tuple, kwargs: dict) -> dict:
+    """Called by the ``ray.init`` wrapper: merge the shim into this job's runtime_env."""
+    import ray
+
+    if ray.is_initialized() or in_ray_worker():
+        return kwargs
+    address = (args[0] if args else kwargs.get("address")) or os.environ.get("RAY_ADDRESS")
+    if isinstance(address, str) and address.startswith("ray://"):
+        logger.warning(
+            "ray-runai-shim: Ray Client (%s) does not run job-level setup hooks; install "
+            "ray-runai-shim on the cluster image (see README: sitecustomize)",
+            address,
+        )
+        return kwargs
+    local = address in (None, "", "local")
+    remote = not (local and importable_by_workers())
+    new = dict(kwargs)
+    new["runtime_env"] = runtime_env(kwargs.get("runtime_env"), remote=remote)
+    return new

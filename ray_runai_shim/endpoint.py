@@ -1,0 +1,85 @@
+"""Make Ray 2.45-2.49's pyarrow S3 filesystem reach S3-compatible stores.
+
+Those releases build ``pyarrow.fs.S3FileSystem(anonymous=...)``, and that
+constructor ignores ``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3`` and a profile's
+``endpoint_url`` (apache/arrow#49643), so MinIO/Ceph/on-prem users cannot reach
+the bucket at all. The streamer and boto3 do read those settings, so the shim
+makes Ray read the same ones.
+"""
+
+from __future__ import annotations
+
+import configparser
+import inspect
+import os
+from typing import Any, Optional
+from urllib.parse import urlsplit
+
+
+def _profile_endpoint() -> Optional[str]:
+    path = os.environ.get("AWS_CONFIG_FILE") or os.path.expanduser("~/.aws/config")
+    profile = os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE") or "default"
+    if not os.path.isfile(path):
+        return None
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read(path)
+    except configparser.Error:
+        return None
+    section = profile if profile == "default" else f"profile {profile}"
+    if not parser.has_section(section):
+        return None
+    return parser.get(section, "endpoint_url", fallback=None) or None
+
+
+def s3_endpoint() -> Optional[str]:
+    """The endpoint boto3 and the streamer would use, in botocore's order."""
+    if os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
+        return None
+    return (
+        os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or _profile_endpoint()
+    )
+
+
+def _virtual_addressing() -> bool:
+    style = os.environ.get("AWS_S3_ADDRESSING_STYLE", "").lower()
+    if style:
+        return style == "virtual"
+    return os.environ.get("RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING", "0") not in ("0", "false", "")
+
+
+def endpoint_s3_filesystem(anonymous: bool, endpoint: str) -> Any:
+    """A pyarrow S3 filesystem for *endpoint*, path-style unless asked otherwise."""
+    import pyarrow.fs as pa_fs
+
+    parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+    kwargs: dict[str, Any] = {
+        "anonymous": anonymous,
+        "endpoint_override": parts.netloc + parts.path.rstrip("/"),
+        "scheme": parts.scheme or "https",
+        "region": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+        "force_virtual_addressing": _virtual_addressing(),
+    }
+    ca = os.environ.get("AWS_CA_BUNDLE")
+    params = inspect.signature(pa_fs.S3FileSystem).parameters if ca else {}
+    if ca and "tls_ca_file_path" in params:
+        kwargs["tls_ca_file_path"] = ca
+    return pa_fs.S3FileSystem(**kwargs)
+
+
+def get_fs_and_path_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """wrapt wrapper for ``CloudFileSystem.get_fs_and_path``."""
+    fs, path = wrapped(*args, **kwargs)
+    try:
+        endpoint = s3_endpoint()
+        if endpoint and type(fs).__name__ == "S3FileSystem":
+            uri = str(args[0] if args else kwargs.get("object_uri", ""))
+            anonymous = uri.partition("://")[2].startswith("anonymous@")  # Ray's own test
+            fs = endpoint_s3_filesystem(anonymous, endpoint)
+    except Exception:  # a shim bug must not break Ray's own access
+        from .log import logger
+
+        logger.warning("ray-runai-shim: could not apply S3 endpoint settings", exc_info=True)
+    return fs, path

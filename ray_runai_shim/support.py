@@ -1,0 +1,108 @@
+"""What each Ray release needs, as data, plus the feature checks that confirm it.
+
+The table comes from reading every released Ray wheel 2.43–2.60 (see the
+README's compatibility table). Feature detection has the last word where a
+feature can be seen (``NodeModelDownloadable.EXCLUDE_SAFETENSORS``,
+``STREAMING_LOAD_FORMATS``); the table is the fallback and keeps an unknown
+future Ray untouched.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+#: Formats whose weights vLLM reads from the URI itself.
+STREAMING_FORMATS: frozenset[str] = frozenset(
+    {"runai_streamer", "runai_streamer_sharded", "tensorizer"}
+)
+
+#: Patch names.
+DOWNLOAD = "batch-download"  # narrow the stage's MODEL_AND_TOKENIZER download
+HANDOFF = "batch-handoff"  # give vLLM the weights URI next to the local dir
+ENDPOINT = "s3-endpoint"  # make Ray's pyarrow S3 filesystem honour AWS_ENDPOINT_URL
+SHARDED_FORMAT = "sharded-format"  # teach 2.51 that runai_streamer_sharded streams
+ACTIVATION = "worker-activation"  # carry the shim into the job's worker processes
+
+
+class Range(NamedTuple):
+    low: tuple[int, int]  # inclusive (major, minor)
+    high: tuple[int, int]  # exclusive
+    patches: frozenset[str]
+    why: str
+
+
+RAY_RANGES: tuple[Range, ...] = (
+    Range((2, 43), (2, 45), frozenset(), "the vLLM stage downloads nothing and passes the URI"),
+    Range(
+        (2, 45),
+        (2, 50),
+        frozenset({DOWNLOAD, HANDOFF, ENDPOINT, ACTIVATION}),
+        "the vLLM stage downloads the whole model and hands vLLM the local copy (ray#55574)",
+    ),
+    Range(
+        (2, 50),
+        (2, 51),
+        frozenset({HANDOFF, ACTIVATION}),
+        "the vLLM stage skips *.safetensors but still hands vLLM the local copy",
+    ),
+    Range(
+        (2, 51),
+        (2, 52),
+        frozenset({SHARDED_FORMAT, ACTIVATION}),
+        "the vLLM stage streams runai_streamer/tensorizer but not runai_streamer_sharded",
+    ),
+    Range((2, 52), (2, 61), frozenset(), "the vLLM stage streams all formats natively"),
+)
+
+KNOWN = (RAY_RANGES[0].low, RAY_RANGES[-1].high)
+
+
+def parse_version(text: str) -> tuple[int, int, int] | None:
+    """``"2.48.0rc1"`` -> ``(2, 48, 0)``; None when it is not a release number."""
+    m = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    if not m:
+        return None
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+
+
+class Plan(NamedTuple):
+    ray_version: str
+    patches: frozenset[str]
+    why: str
+    known: bool
+
+
+def plan_for(ray_version: str) -> Plan:
+    """Which patches the table asks for on this Ray."""
+    v = parse_version(ray_version)
+    if v is not None:
+        for r in RAY_RANGES:
+            if r.low <= v[:2] < r.high:
+                return Plan(ray_version, r.patches, r.why, True)
+    return Plan(
+        ray_version,
+        frozenset(),
+        "this Ray release is outside the range ray-runai-shim knows (2.43-2.60)",
+        False,
+    )
+
+
+def normalize_load_format(value: object) -> str | None:
+    """vLLM accepts a str or a ``LoadFormat`` str-enum; compare on the lowercase value."""
+    if value is None:
+        return None
+    value = getattr(value, "value", value)
+    return str(value).strip().lower()
+
+
+def is_streaming_format(value: object) -> bool:
+    return normalize_load_format(value) in STREAMING_FORMATS
+
+
+REMOTE_SCHEMES = ("s3://", "gs://")
+
+
+def is_remote_uri(model: object) -> bool:
+    """The sources Ray 2.45-2.51 download themselves (``is_remote_path``)."""
+    return isinstance(model, str) and model.startswith(REMOTE_SCHEMES)
