@@ -1,0 +1,57 @@
+"""The version table: each Ray minor gets exactly the patches it needs."""
+
+import pytest
+
+from ray_runai_shim.support import (
+    ACTIVATION,
+    DOWNLOAD,
+    ENDPOINT,
+    HANDOFF,
+    SHARDED_FORMAT,
+    is_streaming_format,
+    normalize_load_format,
+    parse_version,
+    plan_for,
+)
+
+
+@pytest.mark.parametrize(
+    "version, patches",
+    [
+        ("2.43.0", set()),
+        ("2.44.1", set()),
+        ("2.45.0", {DOWNLOAD, HANDOFF, ENDPOINT, ACTIVATION}),
+        ("2.48.0", {DOWNLOAD, HANDOFF, ENDPOINT, ACTIVATION}),
+        ("2.49.2", {DOWNLOAD, HANDOFF, ENDPOINT, ACTIVATION}),
+        ("2.50.1", {HANDOFF, ACTIVATION}),
+        ("2.51.2", {SHARDED_FORMAT, ACTIVATION}),
+        ("2.52.0", set()),
+        ("2.60.0", set()),
+    ],
+)
+def test_plan_per_ray_release(version, patches):
+    plan = plan_for(version)
+    assert plan.known and set(plan.patches) == patches
+
+
+@pytest.mark.parametrize("version", ["2.61.0", "3.0.0", "2.42.1", "nightly", ""])
+def test_unknown_ray_gets_no_patch(version):
+    plan = plan_for(version)
+    assert not plan.known and not plan.patches and "outside" in plan.why
+
+
+def test_parse_version_handles_pre_releases():
+    assert parse_version("2.48.0rc1") == (2, 48, 0)
+    assert parse_version("2.50") == (2, 50, 0)
+    assert parse_version("dev") is None
+
+
+def test_load_format_normalisation_accepts_vllm_enums():
+    import enum
+
+    class LoadFormat(str, enum.Enum):
+        RUNAI_STREAMER = "runai_streamer"
+
+    assert normalize_load_format(LoadFormat.RUNAI_STREAMER) == "runai_streamer"
+    assert is_streaming_format(" RunAI_Streamer ")
+    assert not is_streaming_format("auto") and not is_streaming_format(None)
