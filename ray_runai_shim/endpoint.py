@@ -10,7 +10,6 @@ makes Ray read the same ones.
 from __future__ import annotations
 
 import configparser
-import inspect
 import os
 from typing import Any, Optional
 from urllib.parse import urlsplit
@@ -63,9 +62,11 @@ def endpoint_s3_filesystem(anonymous: bool, endpoint: str) -> Any:
         "force_virtual_addressing": _virtual_addressing(),
     }
     ca = os.environ.get("AWS_CA_BUNDLE")
-    params = inspect.signature(pa_fs.S3FileSystem).parameters if ca else {}
-    if ca and "tls_ca_file_path" in params:
-        kwargs["tls_ca_file_path"] = ca
+    if ca:
+        try:
+            return pa_fs.S3FileSystem(**kwargs, tls_ca_file_path=ca)
+        except TypeError:  # pyarrow < 19 has no per-filesystem CA option
+            pass
     return pa_fs.S3FileSystem(**kwargs)
 
 

@@ -1,0 +1,111 @@
+"""Session fixtures: a real S3 server on loopback, the tiny models in it, isolated homes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .diskscan import find_weight_bytes
+from .procs import base_env
+from .s3server import S3Server, start_s3_server
+from .tiny_model import build_tiny_model, nonweight_files, upload_dir, weight_files
+
+BUCKET = "models"
+CACHE = Path(os.environ.get("RAY_RUNAI_SHIM_TEST_CACHE", Path(tempfile.gettempdir()) / "ray-runai-shim-test-cache"))
+
+
+@dataclass
+class TinyModel:
+    name: str
+    local: Path
+    uri: str
+    weights: list[str]
+    nonweights: list[str]
+
+    def weight_paths(self) -> dict[str, Path]:
+        return {w: self.local / w for w in self.weights}
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory) -> S3Server:
+    server = start_s3_server(tmp_path_factory.mktemp("moto"))
+    yield server
+    server.stop()
+
+
+def upload_models(server: S3Server) -> dict[str, TinyModel]:
+    client = server.client()
+    out = {}
+    for name, shards in (("tiny", 1), ("tiny-sharded", 2)):
+        local = build_tiny_model(CACHE / f"{name}-v1", shards=shards)
+        upload_dir(client, local, BUCKET, f"llm/{name}")
+        out[name] = TinyModel(
+            name, local, f"s3://{BUCKET}/llm/{name}", weight_files(local), nonweight_files(local)
+        )
+    return out
+
+
+@pytest.fixture(scope="session")
+def models(s3) -> dict[str, TinyModel]:
+    return upload_models(s3)
+
+
+@dataclass
+class Sandbox:
+    """One isolated machine-user: its own HOME, HF cache, temp dir and vLLM cache."""
+
+    root: Path
+    env: dict[str, str]
+    engine_log: Path
+    scan_roots: list[Path] = field(default_factory=list)
+
+    def engine_calls(self) -> list[dict[str, Any]]:
+        if not self.engine_log.exists():
+            return []
+        return [json.loads(line) for line in self.engine_log.read_text().splitlines() if line.strip()]
+
+    def weight_bytes_on_disk(self, model: TinyModel) -> list[Path]:
+        return find_weight_bytes(self.scan_roots, model.weight_paths())
+
+    def shim_dirs(self) -> list[Path]:
+        root = self.root / "hf" / "hub" / "ray-runai-shim"
+        return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.exists() else []
+
+
+def make_sandbox(s3: S3Server, root: Path, **extra: str) -> Sandbox:
+    for d in ("home", "hf", "tmp", "cache"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    engine_log = root / "engine-calls.jsonl"
+    env = base_env(
+        {
+            **s3.env(),
+            "HOME": str(root / "home"),
+            "HF_HOME": str(root / "hf"),
+            "XDG_CACHE_HOME": str(root / "cache"),
+            "TMPDIR": str(root / "tmp"),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_HOST_IP": "127.0.0.1",
+            "RAY_RUNAI_SHIM_TEST_COMPAT": "1",
+            "RAY_RUNAI_SHIM_TEST_ENGINE_LOG": str(engine_log),
+            "TOKENIZERS_PARALLELISM": "false",
+            **extra,
+        }
+    )
+    return Sandbox(root, env, engine_log, [root])
+
+
+@pytest.fixture
+def sandbox(s3, tmp_path_factory) -> Sandbox:
+    # Short, private path: Ray's socket paths must stay under ~107 characters.
+    root = Path(tempfile.mkdtemp(prefix="rrs-", dir="/tmp"))
+    yield make_sandbox(s3, root)
+    shutil.rmtree(root, ignore_errors=True)

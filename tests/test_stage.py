@@ -1,0 +1,170 @@
+"""Ray 2.48's real ``vLLMEngineStageUDF`` against real S3 and real vLLM config building.
+
+Each case constructs the stage in a fresh interpreter, the way a Ray Data actor
+does. vLLM builds its real ``VllmConfig`` from what the stage hands it (that
+reads config.json from the local dir and validates the load format); the
+recorder in tests/support/site then stops before the engine starts, since the
+engine itself is exercised end to end in test_pipeline.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from support.fixtures import BUCKET
+from support.procs import last_json, run_python
+
+MANIFEST = ".ray-runai-shim.json"
+STOP = {"RAY_RUNAI_SHIM_TEST_STOP_AFTER_CONFIG": "1"}
+
+CONSTRUCT = """
+import json, os, sys
+{preamble}
+from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
+error = None
+try:
+    vLLMEngineStageUDF(
+        data_column="__data", expected_input_keys=["prompt", "sampling_params"],
+        batch_size=4, max_concurrent_batches=2, model={model!r},
+        engine_kwargs={engine_kwargs!r},
+    )
+except BaseException as e:
+    error = type(e).__name__ + ": " + str(e)
+print(json.dumps({{"error": error}}))
+"""
+
+
+def construct(sandbox, model: str, engine_kwargs: dict, shim: bool = True, **env: str) -> dict:
+    preamble = "import ray_runai_shim" if shim else ""
+    code = CONSTRUCT.format(preamble=preamble, model=model, engine_kwargs=engine_kwargs)
+    full_env = {**sandbox.env, **STOP, **env}
+    if not shim:
+        full_env.update(RAY_RUNAI_SHIM_DISABLE="1", RAY_RUNAI_SHIM_TEST_ENDPOINT_ADAPTER="1")
+    return last_json(run_python(code, env=full_env))
+
+
+def streaming_kwargs(fmt: str = "runai_streamer") -> dict:
+    return {"load_format": fmt, "max_model_len": 128, "dtype": "float32", "enforce_eager": True}
+
+
+def weight_gets(s3, model, since: int) -> list:
+    keys = {f"/{BUCKET}/llm/{model.name}/{w}" for w in model.weights}
+    return [r for r in s3.requests(since) if r.method == "GET" and r.path in keys]
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-sharded"])
+def test_streaming_stage_fetches_only_non_weights_and_hands_vllm_the_uri(s3, models, sandbox, name):
+    model = models[name]
+    mark = len(s3.requests())
+    out = construct(sandbox, model.uri, streaming_kwargs())
+    assert "stopped before engine start" in out["error"]
+
+    [call] = sandbox.engine_calls()
+    [shim_dir] = sandbox.shim_dirs()
+    assert call["model"] == str(shim_dir)
+    assert call["model_weights"] == model.uri
+    assert call["model_weights_on_config"] == model.uri  # what the engine core will load
+    assert call["load_format"] == "runai_streamer"
+    # Every non-weight file, sub-folders included, and nothing else.
+    assert sorted(f for f in call["model_dir_listing"] if f != MANIFEST) == model.nonweights
+    for rel in model.nonweights:
+        assert (shim_dir / rel).read_bytes() == (model.local / rel).read_bytes()
+    # No weight byte anywhere under HOME, the HF cache, TMPDIR or XDG cache; no weight GET.
+    assert sandbox.weight_bytes_on_disk(model) == []
+    assert weight_gets(s3, model, mark) == []
+    # Ray's own full-snapshot directory was never created.
+    assert not list((sandbox.root / "hf" / "hub").glob("models--*"))
+
+
+def test_a_second_stage_on_the_node_reuses_the_complete_snapshot(s3, models, sandbox):
+    model = models["tiny"]
+    construct(sandbox, model.uri, streaming_kwargs())
+    mark = len(s3.requests())
+    construct(sandbox, model.uri, streaming_kwargs())
+    gets = [r for r in s3.requests(mark) if r.method == "GET" and f"/llm/{model.name}/" in r.path]
+    assert gets == []  # only the listing went to S3 the second time
+    assert [c["model"] for c in sandbox.engine_calls()] == [str(sandbox.shim_dirs()[0])] * 2
+
+
+def test_without_the_shim_ray_copies_the_weights_to_disk(s3, models, sandbox):
+    """The control: the bug this package exists for (ray#55574), reproduced."""
+    model = models["tiny-sharded"]
+    mark = len(s3.requests())
+    construct(sandbox, model.uri, streaming_kwargs(), shim=False)
+    [call] = sandbox.engine_calls()
+    assert "/models--s3:----models--llm--tiny-sharded/snapshots/" in call["model"]
+    assert call["model_weights"] in (None, "")
+    assert set(model.weights) <= set(call["model_dir_listing"])
+    assert len(sandbox.weight_bytes_on_disk(model)) == len(model.weights)
+    # pyarrow reads whole objects with ranged GETs too, so what tells the runs apart is
+    # that the weight objects were fetched at all, and landed on disk.
+    assert {r.path.rsplit("/", 1)[1] for r in weight_gets(s3, model, mark)} == set(model.weights)
+
+
+@pytest.mark.parametrize("fmt", ["auto", "safetensors"])
+def test_non_streaming_formats_get_exactly_rays_behaviour(s3, models, sandbox, tmp_path, fmt):
+    model = models["tiny"]
+    construct(sandbox, model.uri, streaming_kwargs(fmt))
+    [with_shim] = sandbox.engine_calls()
+    sandbox.engine_log.unlink()
+    construct(sandbox, model.uri, streaming_kwargs(fmt), shim=False)
+    [without] = sandbox.engine_calls()
+    for c in (with_shim, without):
+        c.pop("pid")
+    assert with_shim == without
+    assert with_shim["model_weights"] in (None, "")
+    assert "model.safetensors" in with_shim["model_dir_listing"]
+    assert sandbox.shim_dirs() == []
+
+
+def test_local_path_and_hub_id_are_untouched(models, sandbox):
+    model = models["tiny"]
+    construct(sandbox, str(model.local), streaming_kwargs())
+    [local_call] = sandbox.engine_calls()
+    assert local_call["model"] == str(model.local) and local_call["model_weights"] in (None, "")
+    # A hub id reaches vLLM as is: offline, vLLM's own hub lookup is what fails.
+    out = construct(sandbox, "example-org/tiny-llama", streaming_kwargs())
+    assert out["error"].startswith("LocalEntryNotFoundError")
+    assert sandbox.shim_dirs() == []
+
+
+def test_streaming_a_checkpoint_without_safetensors_fails_before_the_engine(s3, models, sandbox, tmp_path):
+    model = models["tiny"]
+    client = s3.client()
+    for rel in model.nonweights:
+        client.upload_file(str(model.local / rel), BUCKET, f"llm/bin-only/{rel}")
+    client.put_object(Bucket=BUCKET, Key="llm/bin-only/pytorch_model.bin", Body=b"\0" * 1024)
+    out = construct(sandbox, f"s3://{BUCKET}/llm/bin-only", streaming_kwargs())
+    assert out["error"].startswith("ShimError: ")
+    assert "s3://models/llm/bin-only" in out["error"] and ".safetensors" in out["error"]
+    assert "load_format='auto'" in out["error"]  # the fix is named
+    assert sandbox.engine_calls() == []  # vLLM was never reached
+    assert sandbox.shim_dirs() == []  # nothing half-written
+
+
+def test_missing_prefix_names_the_uri_and_endpoint(s3, sandbox):
+    out = construct(sandbox, f"s3://{BUCKET}/llm/does-not-exist", streaming_kwargs())
+    assert out["error"].startswith("ShimError: ")
+    assert f"s3://{BUCKET}/llm/does-not-exist" in out["error"] and s3.endpoint in out["error"]
+    assert "testing" not in out["error"]  # never the secret
+
+
+def test_rays_own_downloads_honour_aws_endpoint_url(s3, models, sandbox):
+    """Ray 2.48's pyarrow filesystem ignores AWS_ENDPOINT_URL; with the shim it reaches the store."""
+    code = """
+    import json
+    {preamble}
+    from ray.llm._internal.common.utils.download_utils import NodeModelDownloadable, download_model_files
+    try:
+        path = download_model_files(model_id={uri!r}, download_model=NodeModelDownloadable.TOKENIZER_ONLY,
+                                    download_extra_files=False)
+        import os
+        print(json.dumps({{"files": sorted(os.listdir(path)), "error": None}}))
+    except Exception as e:
+        print(json.dumps({{"error": type(e).__name__ + ": " + str(e)}}))
+    """
+    uri = models["tiny"].uri
+    env = {k: v for k, v in sandbox.env.items() if k != "RAY_RUNAI_SHIM_TEST_ENDPOINT_ADAPTER"}
+    with_shim = last_json(run_python(code.format(preamble="import ray_runai_shim", uri=uri), env=env))
+    without = last_json(run_python(code.format(preamble="", uri=uri), env={**env, "RAY_RUNAI_SHIM_DISABLE": "1"}))
+    assert with_shim["error"] is None and "config.json" in with_shim["files"]
+    assert without["error"] is not None  # Ray alone tries <bucket>.s3.amazonaws.com
