@@ -126,8 +126,10 @@ def _announce(plan: Plan, detail: str = "") -> None:
     _state.announced = True
     from . import __version__
 
+    # Every Ray worker imports the shim; say it once per job (driver), quietly elsewhere.
+    log = logger.debug if activation.in_ray_worker() else logger.info
     if plan.patches:
-        logger.info(
+        log(
             "ray-runai-shim %s: Ray %s: %s; patching %s%s",
             __version__,
             plan.ray_version,
@@ -136,9 +138,7 @@ def _announce(plan: Plan, detail: str = "") -> None:
             detail,
         )
     else:
-        logger.info(
-            "ray-runai-shim %s: Ray %s: %s; nothing to patch", __version__, plan.ray_version, plan.why
-        )
+        log("ray-runai-shim %s: Ray %s: %s; nothing to patch", __version__, plan.ray_version, plan.why)
 
 
 def _wants(patch: str) -> bool:

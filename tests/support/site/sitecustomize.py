@@ -123,6 +123,14 @@ def _install_compat(wrapt: Any) -> None:
 
             mod.TRANSFORMERS_CACHE = constants.HF_HUB_CACHE
 
+    @wrapt.when_imported("transformers.tokenization_utils_base")
+    def _tokenizer_base(mod: Any) -> None:
+        # Ray 2.48's get_cached_tokenizer (tokenize/detokenize/chat-template stages)
+        # reads this v4 property, removed in transformers 5.
+        cls = mod.PreTrainedTokenizerBase
+        if "all_special_tokens_extended" not in vars(cls):
+            cls.all_special_tokens_extended = property(lambda self: list(self.all_special_tokens))
+
     @wrapt.when_imported("vllm.envs")
     def _vllm_envs(mod: Any) -> None:
         if "VLLM_USE_V1" not in vars(mod):
