@@ -168,3 +168,14 @@ def test_rays_own_downloads_honour_aws_endpoint_url(s3, models, sandbox):
     without = last_json(run_python(code.format(preamble="", uri=uri), env={**env, "RAY_RUNAI_SHIM_DISABLE": "1"}))
     assert with_shim["error"] is None and "config.json" in with_shim["files"]
     assert without["error"] is not None  # Ray alone tries <bucket>.s3.amazonaws.com
+
+
+def test_after_a_streaming_stage_a_non_streaming_stage_still_gets_the_full_model(models, sandbox):
+    """The narrowed snapshot lives apart from Ray's, so it is never taken for a full one (ray#64996)."""
+    model = models["tiny"]
+    construct(sandbox, model.uri, streaming_kwargs())
+    construct(sandbox, model.uri, streaming_kwargs("auto"))
+    streaming, full = sandbox.engine_calls()
+    assert streaming["model"] == str(sandbox.shim_dirs()[0])
+    assert full["model"] != streaming["model"] and full["model_weights"] in (None, "")
+    assert set(model.weights) <= set(full["model_dir_listing"])
