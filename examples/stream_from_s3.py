@@ -7,7 +7,7 @@ scheduled through a custom resource, which is how the embedded default and the
 tests run on machines without an accelerator.
 """
 
-import ray_runai_shim  # noqa: F401  (first line; nothing else changes)
+import ray_runai_shim  # noqa: F401, I001  (first line; nothing else changes)
 
 import argparse
 import json
