@@ -1,0 +1,115 @@
+"""The shim reaches Ray's worker processes without clobbering the user's runtime_env.
+
+Real local Ray clusters started by ``ray.init`` (or Ray Data's auto-init) in fresh
+interpreters; the verdict comes from ``ray_runai_shim.status()`` run inside the workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from support.procs import last_json, run_python
+
+PROBE = """
+import json, os, ray
+
+def probe():
+    import sys
+    loaded = "ray_runai_shim.patches" in sys.modules
+    import ray_runai_shim
+    # Importing the stage module in the worker is what Ray Data's actor does.
+    import ray.llm._internal.batch.stages.vllm_engine_stage  # noqa: F401
+    s = ray_runai_shim.status()
+    return {"pid": os.getpid(), "installed": s["installed"], "patched": s["patched"],
+            "user_var": os.environ.get("USER_VAR"), "hook": os.environ.get("USER_SETUP_HOOK_RAN"),
+            "endpoint": os.environ.get("AWS_ENDPOINT_URL"),
+            "shim_loaded_before_probe": loaded}
+"""
+STAGE_PATCH = "ray.llm._internal.batch.stages.vllm_engine_stage.download_model_files"
+
+
+def run(body: str, sandbox) -> dict:
+    return last_json(run_python(PROBE + body, env=sandbox.env, timeout=300))
+
+
+def test_driver_import_then_ray_init_patches_workers_and_keeps_the_users_runtime_env(sandbox):
+    out = run(
+        """
+import ray_runai_shim
+ray.init(num_cpus=1, include_dashboard=False, runtime_env={
+    "env_vars": {"USER_VAR": "mine", "AWS_ENDPOINT_URL": "http://user-choice:9000"},
+    "worker_process_setup_hook": "user_hooks.mark_worker"})
+print(json.dumps(ray.get(ray.remote(probe).remote())))
+""",
+        sandbox,
+    )
+    assert out["installed"] and STAGE_PATCH in out["patched"]
+    assert out["shim_loaded_before_probe"]  # by the setup hook, not by the probe
+    assert out["user_var"] == "mine" and out["hook"] == "string-hook"
+    assert out["endpoint"] == "http://user-choice:9000"  # the user's value wins over forwarding
+
+
+def test_a_callable_user_hook_still_runs(sandbox):
+    out = run(
+        """
+import ray_runai_shim
+def my_hook():
+    os.environ["USER_SETUP_HOOK_RAN"] = "callable-hook"
+ray.init(num_cpus=1, include_dashboard=False, runtime_env={"worker_process_setup_hook": my_hook})
+print(json.dumps(ray.get(ray.remote(probe).remote())))
+""",
+        sandbox,
+    )
+    assert out["installed"] and out["hook"] == "callable-hook" and out["shim_loaded_before_probe"]
+
+
+def test_ray_datas_auto_init_carries_the_shim_into_map_actors(sandbox):
+    out = run(
+        """
+import ray_runai_shim, ray.data
+class Probe:
+    def __call__(self, batch):
+        return {"r": [json.dumps(probe())]}
+rows = ray.data.from_items([1]).map_batches(Probe, concurrency=1, batch_size=1).take_all()
+r = json.loads(rows[0]["r"]); r["driver_pid"] = os.getpid()
+print(json.dumps(r))
+""",
+        sandbox,
+    )
+    assert out["pid"] != out["driver_pid"]
+    assert out["installed"] and STAGE_PATCH in out["patched"] and out["shim_loaded_before_probe"]
+    assert out["endpoint"] == sandbox.env["AWS_ENDPOINT_URL"]
+
+
+def test_ray_initialised_before_the_import_warns_and_runtime_env_helper_fixes_it(sandbox):
+    proc = run_python(
+        PROBE
+        + """
+ray.init(num_cpus=1, include_dashboard=False)
+import ray_runai_shim
+late = ray.get(ray.remote(probe).remote())
+ray.shutdown()
+ray.init(num_cpus=1, include_dashboard=False, runtime_env=ray_runai_shim.runtime_env())
+print(json.dumps({"late": late, "fixed": ray.get(ray.remote(probe).remote())}))
+""",
+        env=sandbox.env,
+    )
+    out = last_json(proc)
+    assert "Ray was initialized before ray_runai_shim was imported" in proc.stderr + proc.stdout
+    assert out["late"]["shim_loaded_before_probe"] is False
+    assert out["fixed"]["shim_loaded_before_probe"] is True and out["fixed"]["installed"]
+
+
+@pytest.mark.parametrize("flag", ["1", "true"])
+def test_kill_switch_keeps_ray_init_untouched(sandbox, flag):
+    out = run(
+        """
+import ray_runai_shim
+ray.init(num_cpus=1, include_dashboard=False)
+print(json.dumps({**ray.get(ray.remote(probe).remote()), "init_wrapped": type(ray.init).__name__}))
+""",
+        dataclasses.replace(sandbox, env={**sandbox.env, "RAY_RUNAI_SHIM_DISABLE": flag}),
+    )
+    assert out["init_wrapped"] == "function"
+    assert out["shim_loaded_before_probe"] is False and out["installed"] is False
