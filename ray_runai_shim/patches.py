@@ -34,6 +34,7 @@ from .support import (
     SHARDED_FORMAT,
     Plan,
     is_remote_uri,
+    is_streaming_format,
     normalize_load_format,
     plan_for,
 )
@@ -170,9 +171,7 @@ def _udf_init(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> An
         model = params.get("model")
         engine_kwargs = params.get("engine_kwargs") or {}
         load_format = normalize_load_format(engine_kwargs.get("load_format"))
-        if load_format in ("runai_streamer", "runai_streamer_sharded", "tensorizer") and is_remote_uri(
-            model
-        ):
+        if is_streaming_format(load_format) and is_remote_uri(model):
             ctx = StageContext(model=model, load_format=load_format, engine_kwargs=dict(engine_kwargs))
     except Exception:
         logger.warning("ray-runai-shim: cannot read the stage's arguments; leaving Ray as is", exc_info=True)
@@ -252,8 +251,18 @@ def streamer_uri(uri: str) -> tuple[str, dict[str, str]]:
     return uri, {}
 
 
+HANDOFF_ENV = "RAY_RUNAI_SHIM_HANDOFF"  # auto | model_weights | config
+
+
 def vllm_takes_model_weights() -> bool:
-    """vLLM >= 0.14 has ``EngineArgs.model_weights``; older ones only read it off ModelConfig."""
+    """vLLM >= 0.14 has ``EngineArgs.model_weights``; older ones only read it off ModelConfig.
+
+    ``RAY_RUNAI_SHIM_HANDOFF=config`` forces the older route (for vLLM builds whose
+    field exists but misbehaves); ``=model_weights`` forces the field.
+    """
+    forced = os.environ.get(HANDOFF_ENV, "auto").strip().lower()
+    if forced in ("model_weights", "config"):
+        return forced == "model_weights"
     from vllm.engine import arg_utils
 
     return any(f.name == "model_weights" for f in dataclasses.fields(arg_utils.EngineArgs))

@@ -45,9 +45,15 @@ def runs(s3, models, tmp_path_factory):
     import tempfile
 
     results = {}
-    for label, shim in (("control", False), ("shim", True)):
+    # "config": the route for vLLM < 0.14 (weights URI set on every built ModelConfig),
+    # forced here on vLLM 0.32 so the real engine proves it loads through that route too.
+    for label, shim, extra in (
+        ("control", False, {}),
+        ("shim", True, {}),
+        ("config", True, {"RAY_RUNAI_SHIM_HANDOFF": "config"}),
+    ):
         root = Path(tempfile.mkdtemp(prefix=f"rrs-{label[:2]}-", dir="/tmp"))
-        sandbox = make_sandbox(s3, root)
+        sandbox = make_sandbox(s3, root, **extra)
         mark = len(s3.requests())
         result = run_example(sandbox, models[MODEL].uri, shim)
         result.update(sandbox=sandbox, requests=s3.requests(mark))
@@ -108,3 +114,16 @@ def test_one_info_line_per_actor_says_what_happened(runs, models):
     line = lines[0]
     assert "fetched 7 non-weight files" in line and "skipped 2 weight files" in line
     assert f"streams weights from {models[MODEL].uri}" in line and "load_format=runai_streamer" in line
+
+
+def test_the_config_injection_route_for_older_vllm_streams_too(runs, models):
+    model, run = models[MODEL], runs["config"]
+    sandbox = run["sandbox"]
+    calls = sandbox.engine_calls()
+    [shim_dir] = sandbox.shim_dirs()
+    assert calls and all(c["model"] == str(shim_dir) for c in calls)
+    assert all(c["model_weights"] in (None, "") for c in calls)  # not passed as an argument
+    assert sandbox.weight_bytes_on_disk(model) == []
+    assert {r.path.rsplit("/", 1)[1] for r in weight_requests(run, model)} == set(model.weights)
+    tokens = {r["prompt"]: r["generated_tokens"] for r in run["rows"]}
+    assert tokens == {r["prompt"]: r["generated_tokens"] for r in runs["control"]["rows"]}
