@@ -177,6 +177,9 @@ def _udf_init(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> An
         logger.warning("ray-runai-shim: cannot read the stage's arguments; leaving Ray as is", exc_info=True)
     if ctx is None:
         return wrapped(*args, **kwargs)
+    from .requirements import check_loader_importable
+
+    check_loader_importable(ctx.model, ctx.load_format)  # ShimError: fail before any download
     token = current_stage.set(ctx)
     try:
         return wrapped(*args, **kwargs)

@@ -169,3 +169,31 @@ def test_hostile_object_keys_are_refused_before_anything_is_written(s3env, model
         fetch_nonweights(uri, "runai_streamer", fs_and_path=fs_for(s3env.endpoint), root=tmp_path)
     assert not (tmp_path / "escape.py").exists()
     assert not snapshot_dir(uri, tmp_path).exists()
+
+
+def test_missing_bucket_and_unreachable_endpoint_name_the_uri_and_endpoint(s3env, tmp_path, monkeypatch):
+    with pytest.raises(ShimError) as err:
+        fetch_nonweights("s3://no-such-bucket/m", "runai_streamer", fs_and_path=fs_for(s3env.endpoint), root=tmp_path)
+    msg = str(err.value)
+    assert "s3://no-such-bucket/m" in msg and s3env.endpoint in msg and "testing" not in msg
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    closed.close()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", dead)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", dead)
+    with pytest.raises(ShimError) as err:
+        fetch_nonweights(f"s3://{BUCKET}/llm/tiny", "runai_streamer", fs_and_path=fs_for(dead), root=tmp_path)
+    assert dead in str(err.value) and f"s3://{BUCKET}/llm/tiny" in str(err.value)
+    assert list(tmp_path.iterdir()) in ([], [tmp_path / "ray-runai-shim"])
+
+
+def test_anonymous_uri_is_mapped_to_the_streamers_unsigned_mode():
+    from ray_runai_shim.patches import streamer_uri
+
+    assert streamer_uri("s3://anonymous@public-bucket/m") == (
+        "s3://public-bucket/m",
+        {"RUNAI_STREAMER_S3_UNSIGNED": "1"},
+    )
+    assert streamer_uri("s3://bucket/m") == ("s3://bucket/m", {})

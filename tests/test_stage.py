@@ -179,3 +179,15 @@ def test_after_a_streaming_stage_a_non_streaming_stage_still_gets_the_full_model
     assert streaming["model"] == str(sandbox.shim_dirs()[0])
     assert full["model"] != streaming["model"] and full["model_weights"] in (None, "")
     assert set(model.weights) <= set(full["model_dir_listing"])
+
+
+def test_a_missing_streamer_backend_names_the_pip_package(models, sandbox, tmp_path):
+    # Shadow the installed backend with one that fails to import, as on an image without it.
+    shadow = tmp_path / "shadow" / "runai_model_streamer_s3"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('No module named runai_model_streamer_s3')\n")
+    env = {"PYTHONPATH": f"{shadow.parent}:{sandbox.env['PYTHONPATH']}"}
+    out = construct(sandbox, models["tiny"].uri, streaming_kwargs(), **env)
+    assert out["error"].startswith("ShimError: ")
+    assert "runai_model_streamer_s3" in out["error"] and '"pip": ["runai-model-streamer[s3]"]' in out["error"]
+    assert sandbox.engine_calls() == [] and sandbox.shim_dirs() == []
