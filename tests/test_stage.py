@@ -191,3 +191,42 @@ def test_a_missing_streamer_backend_names_the_pip_package(models, sandbox, tmp_p
     assert out["error"].startswith("ShimError: ")
     assert "runai_model_streamer_s3" in out["error"] and '"pip": ["runai-model-streamer[s3]"]' in out["error"]
     assert sandbox.engine_calls() == [] and sandbox.shim_dirs() == []
+
+
+def test_four_stages_and_a_tokenizer_download_start_at_once_on_one_node(s3, models, sandbox):
+    """Four actors on a node, plus another stage's tokenizer-only download (Ray shares one lock
+    per model id between those): every stage reaches vLLM with the complete non-weight dir, each
+    file is fetched once, and nobody trips over anybody's files (cf. ray#60681)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    model = models["tiny-sharded"]
+    mark = len(s3.requests())
+    env = {**sandbox.env, **STOP}
+    stage = CONSTRUCT.format(preamble="import ray_runai_shim", model=model.uri, engine_kwargs=streaming_kwargs())
+    tok = textwrap.dedent(
+        f"""
+        import ray_runai_shim, json
+        from ray.llm._internal.common.utils.download_utils import NodeModelDownloadable, download_model_files
+        print(json.dumps({{"path": download_model_files(model_id={model.uri!r},
+              download_model=NodeModelDownloadable.TOKENIZER_ONLY, download_extra_files=False)}}))
+        """
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for code in [stage] * 4 + [tok]
+    ]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 5, [o[1][-2000:] for o in outs]
+    for stdout, _ in outs[:4]:
+        assert "stopped before engine start" in stdout
+    calls = sandbox.engine_calls()
+    [shim_dir] = sandbox.shim_dirs()
+    assert len(calls) == 4 and {c["model"] for c in calls} == {str(shim_dir)}
+    assert all(sorted(f for f in c["model_dir_listing"] if not f.startswith(".")) == model.nonweights for c in calls)
+    gets = [r.path for r in s3.requests(mark) if r.method == "GET"]
+    # Files only the shim fetches (Ray's tokenizer-only filter skips them): exactly once each.
+    for rel in ("chat_template.jinja", "extra/notes.txt", "model.safetensors.index.json"):
+        assert gets.count(f"/{BUCKET}/llm/tiny-sharded/{rel}") == 1, rel
+    assert sandbox.weight_bytes_on_disk(model) == []
