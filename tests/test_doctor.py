@@ -1,0 +1,87 @@
+"""``ray-runai-shim doctor``: what a user sees before a job, and the packaging it ships in."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+from support.fixtures import BUCKET
+from support.procs import REPO, base_env
+
+
+def doctor(s3, *args: str, python: str = sys.executable) -> tuple[int, str]:
+    env = base_env(s3.env(), site=False)
+    p = subprocess.run([python, "-m", "ray_runai_shim", "doctor", *args], env=env, capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout
+
+
+def test_doctor_lists_what_would_be_fetched_and_streamed(s3, models):
+    model = models["tiny-sharded"]
+    code, out = doctor(s3, model.uri, "--json")
+    report = json.loads(out)
+    assert code == 0
+    assert sorted(f["key"] for f in report["model"]["fetch"]) == model.nonweights
+    assert sorted(f["key"] for f in report["model"]["stream"]) == model.weights
+    assert report["model"]["stream_bytes"] == sum((model.local / w).stat().st_size for w in model.weights)
+    assert report["plan"]["ray"] == "2.48.0" and "batch-download" in report["plan"]["patches"]
+    assert report["environment"]["AWS_SECRET_ACCESS_KEY"] == "***"
+    assert report["model"]["errors"] == [] and report["model"]["warnings"] == []
+    code, text = doctor(s3, model.uri)
+    assert code == 0 and "streamed by vLLM: 2 files" in text and "verdict: ok" in text
+
+
+def test_doctor_exits_non_zero_and_says_why_when_a_run_would_fail(s3, models):
+    model, client = models["tiny-sharded"], s3.client()
+    for rel in model.nonweights:
+        if rel != "config.json":
+            client.upload_file(str(model.local / rel), BUCKET, f"llm/doc-bad/{rel}")
+    client.put_object(Bucket=BUCKET, Key="llm/doc-bad/pytorch_model.bin", Body=b"\0" * 64)
+    code, out = doctor(s3, f"s3://{BUCKET}/llm/doc-bad", "--json")
+    report = json.loads(out)["model"]
+    assert code == 1
+    assert any("holds none" in e for e in report["errors"])
+    assert any("no config.json" in e for e in report["errors"])
+    assert any(".bin checkpoints cannot be streamed" in w for w in report["warnings"])
+
+
+def test_doctor_warns_about_stale_shards_outside_the_index(s3, models):
+    model, client = models["tiny-sharded"], s3.client()
+    for rel in model.nonweights + model.weights:
+        client.upload_file(str(model.local / rel), BUCKET, f"llm/doc-stale/{rel}")
+    client.upload_file(str(model.local / model.weights[0]), BUCKET, "llm/doc-stale/model-00001-of-00003.safetensors")
+    code, out = doctor(s3, f"s3://{BUCKET}/llm/doc-stale", "--json")
+    report = json.loads(out)["model"]
+    assert code == 0
+    assert any("model-00001-of-00003.safetensors" in w for w in report["warnings"])
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    dist = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "build", "--outdir", str(dist), str(REPO)], check=True,
+                   capture_output=True, timeout=600)
+    return dist
+
+
+def test_sdist_and_wheel_install_into_a_clean_venv_and_doctor_runs(built, s3, tmp_path):
+    wheels = list(built.glob("*.whl"))
+    sdists = list(built.glob("*.tar.gz"))
+    assert len(wheels) == 1 and len(sdists) == 1
+    import zipfile
+
+    names = zipfile.ZipFile(wheels[0]).namelist()
+    assert "ray_runai_shim/py.typed" in names and not any(n.startswith("tests/") for n in names)
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = str(env_dir / "bin" / "python")
+    subprocess.run([py, "-m", "pip", "install", "-q", str(wheels[0])], check=True, timeout=600)
+    p = subprocess.run([str(env_dir / "bin" / "ray-runai-shim"), "doctor", "--json"], capture_output=True,
+                       text=True, env=base_env(site=False), timeout=120)
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    assert report["versions"]["ray-runai-shim"] == "0.1.0" and report["versions"]["ray"] is None
+    assert report["plan"]["why"] == "Ray is not installed here"
