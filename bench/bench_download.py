@@ -295,12 +295,12 @@ def child_main(method: str, uri: str, result_path: Path) -> None:
     import resource
 
     t_imp = time.perf_counter()
-    import ray_runai_shim  # noqa: F401  - patches CloudFileSystem.get_fs_and_path for AWS_ENDPOINT_URL
-
     # Environment adapter, NOT part of the shim: Ray 2.48 imports
     # transformers.utils.hub.TRANSFORMERS_CACHE, which transformers 5 removed.
     import transformers.utils.hub as h
     from huggingface_hub import constants
+
+    import ray_runai_shim  # noqa: F401  - patches CloudFileSystem.get_fs_and_path for AWS_ENDPOINT_URL
 
     h.TRANSFORMERS_CACHE = constants.HF_HUB_CACHE
 
