@@ -22,7 +22,7 @@ import os
 import shutil
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Optional
@@ -200,6 +200,30 @@ def _copy_one(fs: Any, src: str, dst: Path, expected: int) -> int:
     return written
 
 
+class _Progress:
+    """One log line every few seconds for large non-weight sets; silent for small ones."""
+
+    EVERY_S = 5.0
+
+    def __init__(self, uri: str, files: int, nbytes: int) -> None:
+        self.uri, self.files, self.nbytes = uri, files, nbytes
+        self.done = self.done_bytes = 0
+        self.last = time.perf_counter()
+
+    def step(self, nbytes: int) -> None:
+        self.done += 1
+        self.done_bytes += nbytes
+        now = time.perf_counter()
+        if now - self.last >= self.EVERY_S and self.done < self.files:
+            from .log import human_bytes, logger
+
+            self.last = now
+            logger.info(
+                "ray-runai-shim: fetching non-weight files of %s: %d/%d files, %s/%s",
+                self.uri, self.done, self.files, human_bytes(self.done_bytes), human_bytes(self.nbytes),
+            )
+
+
 def fetch_nonweights(
     uri: str,
     load_format: str,
@@ -228,13 +252,16 @@ def fetch_nonweights(
         staging = dest.parent / f".{dest.name}.staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         staging.mkdir()
         try:
+            progress = _Progress(uri, len(listing.nonweights), listing.nonweight_bytes)
             with ThreadPoolExecutor(max_workers=min(MAX_WORKERS, max(1, len(paths)))) as pool:
-                sizes = list(
-                    pool.map(
-                        lambda f: _copy_one(fs, f"{prefix}/{f.key}", staging / paths[f.key], f.size),
-                        listing.nonweights,
-                    )
-                )
+                futures = [
+                    pool.submit(_copy_one, fs, f"{prefix}/{f.key}", staging / paths[f.key], f.size)
+                    for f in listing.nonweights
+                ]
+                sizes = []
+                for fut in as_completed(futures):
+                    sizes.append(fut.result())
+                    progress.step(sizes[-1])
             (staging / MANIFEST).write_text(json.dumps(_manifest(listing), indent=1, sort_keys=True))
             old = None
             if dest.exists():
