@@ -197,3 +197,24 @@ def test_anonymous_uri_is_mapped_to_the_streamers_unsigned_mode():
         {"RUNAI_STREAMER_S3_UNSIGNED": "1"},
     )
     assert streamer_uri("s3://bucket/m") == ("s3://bucket/m", {})
+
+
+def test_rejected_credentials_name_the_uri_and_endpoint_never_the_secret(s3env, tmp_path, monkeypatch):
+    from support.s3server import S3Server
+
+    monkeypatch.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "0")  # moto: enforce IAM auth from request 1
+    strict = S3Server(tmp_path / "strict.log").start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", strict.endpoint)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", strict.endpoint)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-a-real-secret-value")
+        with pytest.raises(ShimError) as err:
+            fetch_nonweights(f"s3://{BUCKET}/llm/tiny", "runai_streamer", fs_and_path=fs_for(strict.endpoint),
+                             root=tmp_path / "cache")
+        msg = str(err.value)
+        assert f"s3://{BUCKET}/llm/tiny" in msg and strict.endpoint in msg
+        assert "not-a-real-secret-value" not in msg
+        assert "INVALID_ACCESS_KEY_ID" in msg  # the store's own reason is kept
+        assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.json"))
+    finally:
+        strict.stop()
