@@ -74,7 +74,15 @@ def ensure_s3rver() -> Path:
     print(f"installing s3rver@{S3RVER_VERSION} into {S3RVER_PREFIX} ...", flush=True)
     S3RVER_PREFIX.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [npm, "install", "--prefix", str(S3RVER_PREFIX), "--no-audit", "--no-fund", f"s3rver@{S3RVER_VERSION}"],
+        [
+            npm,
+            "install",
+            "--prefix",
+            str(S3RVER_PREFIX),
+            "--no-audit",
+            "--no-fund",
+            f"s3rver@{S3RVER_VERSION}",
+        ],
         check=True,
     )
     if not cli.is_file():
@@ -99,9 +107,22 @@ class S3rver:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [node, str(self.cli), "-d", str(self.data_dir), "-a", "127.0.0.1", "-p", str(self.port),
-                 "--no-vhost-buckets", "--allow-mismatched-signatures", "-s"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                [
+                    node,
+                    str(self.cli),
+                    "-d",
+                    str(self.data_dir),
+                    "-a",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                    "--no-vhost-buckets",
+                    "--allow-mismatched-signatures",
+                    "-s",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + timeout
         while True:
@@ -151,8 +172,12 @@ def s3_client(endpoint: str) -> Any:
     from botocore.config import Config
 
     return boto3.client(
-        "s3", endpoint_url=endpoint, aws_access_key_id="S3RVER", aws_secret_access_key="S3RVER",
-        region_name="us-east-1", config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 5}),
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="S3RVER",
+        aws_secret_access_key="S3RVER",
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 5}),
     )
 
 
@@ -197,10 +222,18 @@ def build_model(out: Path, weight_bytes: int, noise: bytes) -> dict[str, Any]:
     """A Llama-shaped prefix: small config/tokenizer files plus ceil(size/1 GiB) shards."""
     out.mkdir(parents=True, exist_ok=True)
     small = {
-        "config.json": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": TENSOR_COLS,
-                        "num_hidden_layers": 1, "vocab_size": 32000, "torch_dtype": "float16"},
-        "tokenizer.json": {"version": "1.0", "model": {"type": "BPE", "vocab": {f"t{i}": i for i in range(2000)},
-                                                       "merges": []}},
+        "config.json": {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": TENSOR_COLS,
+            "num_hidden_layers": 1,
+            "vocab_size": 32000,
+            "torch_dtype": "float16",
+        },
+        "tokenizer.json": {
+            "version": "1.0",
+            "model": {"type": "BPE", "vocab": {f"t{i}": i for i in range(2000)}, "merges": []},
+        },
         "tokenizer_config.json": {"bos_token": "<s>", "eos_token": "</s>", "model_max_length": 4096},
         "generation_config.json": {"bos_token_id": 1, "eos_token_id": 2, "max_new_tokens": 16},
     }
@@ -231,7 +264,9 @@ def build_model(out: Path, weight_bytes: int, noise: bytes) -> dict[str, Any]:
         shards.append(out / name)
     if n_shards > 1:
         (out / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {"total_size": total_rows * row_bytes}, "weight_map": weight_map}, indent=1)
+            json.dumps(
+                {"metadata": {"total_size": total_rows * row_bytes}, "weight_map": weight_map}, indent=1
+            )
         )
     from safetensors import safe_open  # cheap validity check: parses each header
 
@@ -323,9 +358,13 @@ def child_main(method: str, uri: str, result_path: Path) -> None:
     elif method == "shim":
         res = fetch.fetch_nonweights(uri, "runai_streamer")
         dest = res.local_dir
-        extra = {"fetched_files": res.fetched_files, "fetched_bytes": res.fetched_bytes,
-                 "reused": res.reused, "listed_weight_bytes": res.listing.weight_bytes,
-                 "listed_nonweight_bytes": res.listing.nonweight_bytes}
+        extra = {
+            "fetched_files": res.fetched_files,
+            "fetched_bytes": res.fetched_bytes,
+            "reused": res.reused,
+            "listed_weight_bytes": res.listing.weight_bytes,
+            "listed_nonweight_bytes": res.listing.nonweight_bytes,
+        }
     else:
         raise SystemExit(f"unknown method {method!r}")
     wall = time.perf_counter() - t0
@@ -333,11 +372,20 @@ def child_main(method: str, uri: str, result_path: Path) -> None:
     # Walk all of this run's scratch (HF_HOME and HOME), not just the returned dir,
     # so weight bytes written anywhere would be counted.
     disk = walk_bytes([Path(os.environ["HF_HOME"]), Path(os.environ["HOME"])])
-    result_path.write_text(json.dumps({
-        "method": method, "dest": str(dest), "wall_s": wall, "import_s": import_s,
-        "peak_rss_mib": peak_kib / 1024, "rss_before_download_mib": rss_before_kib / 1024,
-        **disk, **extra,
-    }))
+    result_path.write_text(
+        json.dumps(
+            {
+                "method": method,
+                "dest": str(dest),
+                "wall_s": wall,
+                "import_s": import_s,
+                "peak_rss_mib": peak_kib / 1024,
+                "rss_before_download_mib": rss_before_kib / 1024,
+                **disk,
+                **extra,
+            }
+        )
+    )
 
 
 def run_child(method: str, uri: str, workdir: Path) -> dict[str, Any]:
@@ -353,9 +401,21 @@ def run_child(method: str, uri: str, workdir: Path) -> dict[str, Any]:
         log = scratch / "child.log"
         with open(log, "wb") as lf:
             proc = subprocess.run(
-                [sys.executable, str(Path(__file__).resolve()), "--child", method, "--uri", uri,
-                 "--result", str(result)],
-                env=env, stdout=lf, stderr=subprocess.STDOUT, timeout=CHILD_TIMEOUT_S, check=False,
+                [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--child",
+                    method,
+                    "--uri",
+                    uri,
+                    "--result",
+                    str(result),
+                ],
+                env=env,
+                stdout=lf,
+                stderr=subprocess.STDOUT,
+                timeout=CHILD_TIMEOUT_S,
+                check=False,
             )
         if proc.returncode != 0 or not result.is_file():
             tail = log.read_text(errors="replace")[-4000:]
@@ -383,11 +443,15 @@ def measure_import(runs: int) -> dict[str, Any]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     samples = []
     for _ in range(runs):
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
         samples.append(json.loads(out.stdout.strip().splitlines()[-1]))
     secs = [s["s"] for s in samples]
     return {
-        "runs": runs, "median_ms": statistics.median(secs) * 1000, "samples_ms": [s * 1000 for s in secs],
+        "runs": runs,
+        "median_ms": statistics.median(secs) * 1000,
+        "samples_ms": [s * 1000 for s in secs],
         "ray_in_sys_modules": any(s["ray"] for s in samples),
         "vllm_in_sys_modules": any(s["vllm"] for s in samples),
         "wrapt_in_sys_modules": any(s["wrapt"] for s in samples),
@@ -398,11 +462,16 @@ def measure_import(runs: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- report
 
 
-def _trend(values: list[float], tol: float = 0.25) -> str:
-    """'flat' if last/first stays within ±tol, else 'rises'/'falls' (with the factor)."""
+def _trend(values: list[float], tol: float = 0.25, abs_tol: float = 0.0) -> str:
+    """'flat' if last/first stays within ±tol (or the change is under abs_tol), else 'rises'/'falls'.
+
+    abs_tol exists for sub-second timings, where a 0.1 s jitter is a large factor but means nothing.
+    """
     if len(values) < 2 or values[0] <= 0:
         return "n/a (one size)"
     f = values[-1] / values[0]
+    if abs(values[-1] - values[0]) < abs_tol:
+        return f"flat within noise (x{f:.2f}, but |change| < {abs_tol:g} s)"
     if abs(f - 1) <= tol:
         return f"flat (x{f:.2f} from first to last size)"
     return f"{'rises' if f > 1 else 'falls'} (x{f:.2f} from first to last size)"
@@ -410,20 +479,28 @@ def _trend(values: list[float], tol: float = 0.25) -> str:
 
 def report(rows: list[dict[str, Any]], imp: dict[str, Any]) -> dict[str, Any]:
     """Print the table, ratios, and trends; return the summary for the JSON."""
-    hdr = f"{'size GiB':>8} | {'method':<9} | {'wall s':>7} | {'weight bytes on disk':>20} | " \
-          f"{'non-weight bytes':>16} | {'peak RSS MiB':>12}"
+    hdr = (
+        f"{'size GiB':>8} | {'method':<9} | {'wall s':>7} | {'weight bytes on disk':>20} | "
+        f"{'non-weight bytes':>16} | {'peak RSS MiB':>12}"
+    )
     print()
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        print(f"{r['size_gib']:>8g} | {r['method']:<9} | {r['wall_s']:>7.2f} | {r['weight_bytes']:>20,} | "
-              f"{r['nonweight_bytes']:>16,} | {r['peak_rss_mib']:>12.0f}")
+        print(
+            f"{r['size_gib']:>8g} | {r['method']:<9} | {r['wall_s']:>7.2f} | {r['weight_bytes']:>20,} | "
+            f"{r['nonweight_bytes']:>16,} | {r['peak_rss_mib']:>12.0f}"
+        )
     print()
     sizes = sorted({r["size_gib"] for r in rows})
     by = {(r["size_gib"], r["method"]): r for r in rows}
     ratios = []
-    print(f"{'size GiB':>8} | {'wall shim/unpatched':>19} | {'RSS shim/unpatched':>18} | "
-          f"{'unpatched MB/s':>14} | {'unpatched RSS over pre-download MiB':>35}")
+    hdr2 = (
+        f"{'size GiB':>8} | {'wall shim/unpatched':>19} | {'RSS shim/unpatched':>18} | "
+        f"{'unpatched MB/s':>14} | {'unpatched RSS over pre-download MiB':>35}"
+    )
+    print(hdr2)
+    print("-" * len(hdr2))
     for s in sizes:
         u, m = by[(s, "unpatched")], by[(s, "shim")]
         rw, rr = m["wall_s"] / u["wall_s"], m["peak_rss_mib"] / u["peak_rss_mib"]
@@ -434,7 +511,7 @@ def report(rows: list[dict[str, Any]], imp: dict[str, Any]) -> dict[str, Any]:
     trends = {
         "wall_ratio": _trend([r["wall_ratio"] for r in ratios]),
         "rss_ratio": _trend([r["rss_ratio"] for r in ratios]),
-        "shim_wall_s": _trend([by[(s, "shim")]["wall_s"] for s in sizes]),
+        "shim_wall_s": _trend([by[(s, "shim")]["wall_s"] for s in sizes], abs_tol=0.25),
         "shim_peak_rss": _trend([by[(s, "shim")]["peak_rss_mib"] for s in sizes]),
         "unpatched_wall_s": _trend([by[(s, "unpatched")]["wall_s"] for s in sizes]),
         "unpatched_peak_rss": _trend([by[(s, "unpatched")]["peak_rss_mib"] for s in sizes]),
@@ -445,18 +522,22 @@ def report(rows: list[dict[str, Any]], imp: dict[str, Any]) -> dict[str, Any]:
     checks = []
     for s in sizes:
         u, m = by[(s, "unpatched")], by[(s, "shim")]
-        checks.append(f"{s:g} GiB: unpatched wrote {u['weight_bytes']:,} of {u['expected_weight_bytes']:,} weight "
-                      f"bytes ({'complete' if u['weight_bytes'] == u['expected_weight_bytes'] else 'INCOMPLETE'}); "
-                      f"shim wrote {m['weight_bytes']:,} weight bytes, fetched {m['fetched_files']} files / "
-                      f"{m['fetched_bytes']:,} B = listed non-weights {m['listed_nonweight_bytes']:,} B"
-                      f"{'' if not u['child_log_errors'] else '; Ray logged errors: ' + repr(u['child_log_errors'])}")
+        checks.append(
+            f"{s:g} GiB: unpatched wrote {u['weight_bytes']:,} of {u['expected_weight_bytes']:,} weight "
+            f"bytes ({'complete' if u['weight_bytes'] == u['expected_weight_bytes'] else 'INCOMPLETE'}); "
+            f"shim wrote {m['weight_bytes']:,} weight bytes, fetched {m['fetched_files']} files / "
+            f"{m['fetched_bytes']:,} B = listed non-weights {m['listed_nonweight_bytes']:,} B"
+            f"{'' if not u['child_log_errors'] else '; Ray logged errors: ' + repr(u['child_log_errors'])}"
+        )
     print()
     for c in checks:
         print("check:", c)
-    print(f"\nimport ray_runai_shim (fresh interpreter, median of {imp['runs']}): {imp['median_ms']:.1f} ms "
-          f"(samples {', '.join(f'{x:.1f}' for x in imp['samples_ms'])}); "
-          f"ray in sys.modules: {imp['ray_in_sys_modules']}; vllm: {imp['vllm_in_sys_modules']}; "
-          f"wrapt: {imp['wrapt_in_sys_modules']}; pyarrow: {imp['pyarrow_in_sys_modules']}")
+    print(
+        f"\nimport ray_runai_shim (fresh interpreter, median of {imp['runs']}): {imp['median_ms']:.1f} ms "
+        f"(samples {', '.join(f'{x:.1f}' for x in imp['samples_ms'])}); "
+        f"ray in sys.modules: {imp['ray_in_sys_modules']}; vllm: {imp['vllm_in_sys_modules']}; "
+        f"wrapt: {imp['wrapt_in_sys_modules']}; pyarrow: {imp['pyarrow_in_sys_modules']}"
+    )
     return {"ratios": ratios, "trends": trends, "checks": checks}
 
 
@@ -477,8 +558,12 @@ def parse_sizes(text: str) -> list[float]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=parse_sizes, default=[1.0, 2.0, 4.0], help="weight GiB per model (default 1,2,4)")
-    ap.add_argument("--tmp", default=tempfile.gettempdir(), help="where the temp data goes (default: system tmp)")
+    ap.add_argument(
+        "--sizes", type=parse_sizes, default=[1.0, 2.0, 4.0], help="weight GiB per model (default 1,2,4)"
+    )
+    ap.add_argument(
+        "--tmp", default=tempfile.gettempdir(), help="where the temp data goes (default: system tmp)"
+    )
     ap.add_argument("--import-runs", type=int, default=5)
     ap.add_argument("--child", choices=["unpatched", "shim"], help=argparse.SUPPRESS)
     ap.add_argument("--uri", help=argparse.SUPPRESS)
@@ -523,26 +608,39 @@ def main(argv: Optional[list[str]] = None) -> int:
             up_s = upload_dir(client, workdir / "src" / prefix, prefix)
             model.update(size_gib=size, uri=uri, generate_s=gen_s, upload_s=up_s)
             models.append(model)
-            print(f"{uri}: {model['shards']} shard(s), {model['weight_bytes']:,} weight B, "
-                  f"{model['nonweight_bytes']:,} non-weight B; generated {gen_s:.1f}s, uploaded {up_s:.1f}s",
-                  flush=True)
+            print(
+                f"{uri}: {model['shards']} shard(s), {model['weight_bytes']:,} weight B, "
+                f"{model['nonweight_bytes']:,} non-weight B; generated {gen_s:.1f}s, uploaded {up_s:.1f}s",
+                flush=True,
+            )
             for method in ("unpatched", "shim"):
                 r = run_child(method, uri, workdir)
                 r.update(size_gib=size, expected_weight_bytes=model["weight_bytes"])
                 rows.append(r)
-                print(f"  {method:<9} wall {r['wall_s']:.2f}s  peak RSS {r['peak_rss_mib']:.0f} MiB  "
-                      f"weight B on disk {r['weight_bytes']:,}", flush=True)
+                print(
+                    f"  {method:<9} wall {r['wall_s']:.2f}s  peak RSS {r['peak_rss_mib']:.0f} MiB  "
+                    f"weight B on disk {r['weight_bytes']:,}",
+                    flush=True,
+                )
             delete_prefix(client, prefix)
 
         imp = measure_import(args.import_runs)
         summary = report(rows, imp)
         RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS_JSON.write_text(json.dumps({
-            "command": [sys.executable, *sys.argv],
-            "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "env": _env_info(),
-            "models": models, "rows": rows, "import": imp, **summary,
-        }, indent=1))
+        RESULTS_JSON.write_text(
+            json.dumps(
+                {
+                    "command": [sys.executable, *sys.argv],
+                    "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "env": _env_info(),
+                    "models": models,
+                    "rows": rows,
+                    "import": imp,
+                    **summary,
+                },
+                indent=1,
+            )
+        )
         print(f"\nwrote {RESULTS_JSON}")
         return 0
     finally:
@@ -562,8 +660,13 @@ def _env_info() -> dict[str, Any]:
             vers[dist] = md.version(dist)
         except md.PackageNotFoundError:
             vers[dist] = None
-    return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
-            "s3rver": S3RVER_VERSION, **vers}
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "s3rver": S3RVER_VERSION,
+        **vers,
+    }
 
 
 if __name__ == "__main__":

@@ -1,0 +1,125 @@
+"""A real two-node Ray cluster on this machine (``ray start --head`` + ``ray start --address``).
+
+The stage's actors run on the second node, whose processes never saw the driver's
+``import``; the shim has to get there through the job's runtime_env, or through a
+sitecustomize on the cluster image.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from support.procs import base_env, last_json, run_python
+
+RAY = str(Path(sys.executable).parent / "ray")
+PROBE = """
+import json, os, sys, ray
+
+@ray.remote(resources={"node2": 1})
+def probe():
+    loaded = "ray_runai_shim.patches" in sys.modules
+    import ray_runai_shim
+    import ray.llm._internal.batch.stages.vllm_engine_stage  # what Ray Data's actor imports
+    s = ray_runai_shim.status()
+    return {"loaded_before_probe": loaded, "file": ray_runai_shim.__file__, "installed": s["installed"],
+            "patched": s["patched"], "node": ray.get_runtime_context().get_node_id(),
+            "concurrency": os.environ.get("RUNAI_STREAMER_CONCURRENCY"), "user_var": os.environ.get("USER_VAR")}
+"""
+STAGE_PATCH = "ray.llm._internal.batch.stages.vllm_engine_stage.download_model_files"
+
+
+class Cluster:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="rrs-cl-", dir="/tmp"))
+        self.env = {**env, "HOME": str(self.root)}
+        import socket
+
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.port = s.getsockname()[1]
+        s.close()
+        self.address = f"127.0.0.1:{self.port}"
+
+    def ray(self, *args: str) -> None:
+        subprocess.run([RAY, *args], env=self.env, check=True, capture_output=True, timeout=180)
+
+    def __enter__(self) -> Cluster:
+        common = ["--node-ip-address=127.0.0.1", "--num-cpus=1"]
+        self.ray("start", "--head", f"--port={self.port}", "--include-dashboard=false",
+                 f"--temp-dir={self.root / 't'}", '--resources={"head_node": 1}', *common)
+        self.ray("start", f"--address={self.address}", '--resources={"node2": 1}', *common)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run([RAY, "stop", "--force"], env=self.env, capture_output=True, timeout=120)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster_env():
+    # The cluster's processes get neither the driver's streamer settings nor the test site dir.
+    return base_env({"RAY_USAGE_STATS_ENABLED": "0"}, site=False)
+
+
+def test_driver_import_reaches_a_connected_clusters_second_node(cluster_env):
+    with Cluster(cluster_env) as cluster:
+        driver_env = {**cluster_env, "RUNAI_STREAMER_CONCURRENCY": "7", "HOME": str(cluster.root)}
+        out = last_json(
+            run_python(
+                PROBE
+                + f"""
+import ray_runai_shim
+ray.init(address={cluster.address!r}, runtime_env={{"env_vars": {{"USER_VAR": "mine"}}}})
+r = ray.get(probe.remote())
+r["node2"] = [n["NodeID"] for n in ray.nodes() if n["Resources"].get("node2")]
+r["head"] = [n["NodeID"] for n in ray.nodes() if n["Resources"].get("head_node")]
+print(json.dumps(r))
+""",
+                env=driver_env,
+                cwd=cluster.root,
+            )
+        )
+    assert [out["node"]] == out["node2"] != out["head"]  # ran on the second node
+    assert out["loaded_before_probe"] and out["installed"] and STAGE_PATCH in out["patched"]
+    # Not installed on the "cluster" from the driver's point of view -> shipped via py_modules.
+    assert "/runtime_resources/py_modules_files/" in out["file"]
+    assert out["user_var"] == "mine"  # the user's runtime_env survived the merge
+    assert out["concurrency"] == "7"  # forwarded from the driver (set-if-absent)
+
+
+def test_sitecustomize_on_the_cluster_image_activates_it_without_a_driver_import(cluster_env, tmp_path):
+    site_dir = tmp_path / "image-site"
+    site_dir.mkdir()
+    (site_dir / "sitecustomize.py").write_text("import ray_runai_shim  # ray-runai-shim: cluster-wide\n")
+    image_env = {**cluster_env, "PYTHONPATH": os.pathsep.join([str(site_dir), cluster_env.get("PYTHONPATH", "")])}
+    with Cluster(image_env) as cluster:
+        out = last_json(
+            run_python(
+                PROBE + f"ray.init(address={cluster.address!r})\nprint(json.dumps(ray.get(probe.remote())))",
+                env={**cluster_env, "HOME": str(cluster.root)},
+                cwd=cluster.root,
+            )
+        )
+    assert out["loaded_before_probe"] and out["installed"] and STAGE_PATCH in out["patched"]
+    assert "/runtime_resources/" not in out["file"]  # the image's copy, not a shipped one
+
+
+def test_the_bootstrap_costs_nothing_until_ray_is_imported():
+    out = last_json(
+        run_python(
+            "import time, sys, json\nt = time.perf_counter()\nimport ray_runai_shim\n"
+            "dt = time.perf_counter() - t\n"
+            "print(json.dumps({'ms': dt * 1e3, 'heavy': sorted(m for m in sys.modules "
+            "if m.split('.')[0] in ('ray', 'vllm', 'torch', 'wrapt', 'asyncio', 'pyarrow'))}))",
+            env=base_env(site=False),
+        )
+    )
+    assert out["heavy"] == []
+    json.dumps(out)
