@@ -7,7 +7,7 @@ on real HTTP against s3rver (moto copies whole objects per GET and does not
 scale to GiB objects), one fresh subprocess per measurement so peak RSS is
 per method, and cleans every big file up afterwards, even on failure.
 
-Run: ``/work/venvs/full/bin/python bench/bench_download.py [--sizes 1,2,4]``.
+Run: ``./dev bench [--sizes 1,2,4]``.
 """
 
 from __future__ import annotations
