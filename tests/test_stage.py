@@ -100,20 +100,41 @@ def test_without_the_shim_ray_copies_the_weights_to_disk(s3, models, sandbox):
     assert {r.path.rsplit("/", 1)[1] for r in weight_gets(s3, model, mark)} == set(model.weights)
 
 
-@pytest.mark.parametrize("fmt", ["auto", "safetensors"])
-def test_non_streaming_formats_get_exactly_rays_behaviour(s3, models, sandbox, tmp_path, fmt):
+def _kwargs_without_format(**extra):
+    kw = streaming_kwargs()
+    kw.pop("load_format")
+    kw.update(extra)
+    return kw
+
+
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [
+        streaming_kwargs("auto"),
+        streaming_kwargs("safetensors"),
+        streaming_kwargs("no_such_format"),
+        # The streamer's options without load_format: not a streaming request.
+        _kwargs_without_format(model_loader_extra_config={"concurrency": 4}),
+    ],
+    ids=["auto", "safetensors", "unknown", "extra-config-only"],
+)
+def test_non_streaming_requests_get_exactly_rays_behaviour(s3, models, sandbox, engine_kwargs):
     model = models["tiny"]
-    construct(sandbox, model.uri, streaming_kwargs(fmt))
-    [with_shim] = sandbox.engine_calls()
-    sandbox.engine_log.unlink()
-    construct(sandbox, model.uri, streaming_kwargs(fmt), shim=False)
-    [without] = sandbox.engine_calls()
-    for c in (with_shim, without):
+    with_shim = construct(sandbox, model.uri, engine_kwargs)
+    calls_with = sandbox.engine_calls()
+    if sandbox.engine_log.exists():
+        sandbox.engine_log.unlink()
+    without = construct(sandbox, model.uri, engine_kwargs, shim=False)
+    calls_without = sandbox.engine_calls()
+    for c in calls_with + calls_without:
         c.pop("pid")
-    assert with_shim == without
-    assert with_shim["model_weights"] in (None, "")
-    assert "model.safetensors" in with_shim["model_dir_listing"]
+    assert calls_with == calls_without  # what vLLM received, call for call
+    assert with_shim == without  # and the same outcome (vLLM's own error for an unknown format)
+    for c in calls_with:
+        assert c["model_weights"] in (None, "") and "model.safetensors" in c["model_dir_listing"]
     assert sandbox.shim_dirs() == []
+    # Ray's full snapshot, weights included, either way.
+    assert list((sandbox.root / "hf" / "hub").glob("models--*/snapshots/*/model.safetensors"))
 
 
 def test_local_path_and_hub_id_are_untouched(models, sandbox):
