@@ -21,7 +21,7 @@ def probe():
     # Importing the stage module in the worker is what Ray Data's actor does.
     import ray.llm._internal.batch.stages.vllm_engine_stage  # noqa: F401
     s = ray_runai_shim.status()
-    return {"pid": os.getpid(), "installed": s["installed"], "patched": s["patched"],
+    return {"pid": os.getpid(), "installed": s["installed"], "file": ray_runai_shim.__file__, "patched": s["patched"],
             "user_var": os.environ.get("USER_VAR"), "hook": os.environ.get("USER_SETUP_HOOK_RAN"),
             "endpoint": os.environ.get("AWS_ENDPOINT_URL"),
             "shim_loaded_before_probe": loaded}
@@ -113,3 +113,26 @@ print(json.dumps({**ray.get(ray.remote(probe).remote()), "init_wrapped": type(ra
     )
     assert out["init_wrapped"] == "function"
     assert out["shim_loaded_before_probe"] is False and out["installed"] is False
+
+
+def test_runtime_env_pip_dependency_activates_workers_without_a_driver_import(sandbox, built):
+    """``runtime_env={"pip": [...]}``: Ray builds a virtualenv with the wheel; its ``.pth``
+    loads the shim at worker start when RAY_RUNAI_SHIM_AUTOLOAD=1, and drops the variable so
+    the worker's own children (vLLM's engine core) do not activate again."""
+    [wheel] = built.glob("*.whl")
+    out = run(
+        f"""
+ray.init(num_cpus=1, include_dashboard=False, runtime_env={{
+    "pip": [{str(wheel)!r}], "env_vars": {{"RAY_RUNAI_SHIM_AUTOLOAD": "1"}}}})
+r = ray.get(ray.remote(probe).remote())
+import sys
+r["driver_imported"] = "ray_runai_shim" in sys.modules
+r["autoload_env"] = ray.get(ray.remote(lambda: os.environ.get("RAY_RUNAI_SHIM_AUTOLOAD")).remote())
+print(json.dumps(r))
+""",
+        sandbox,
+    )
+    assert out["driver_imported"] is False
+    assert out["shim_loaded_before_probe"] and out["installed"] and STAGE_PATCH in out["patched"]
+    assert out["autoload_env"] is None
+    assert "/runtime_resources/pip/" in out["file"]  # the copy Ray installed from the wheel

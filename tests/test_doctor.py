@@ -6,11 +6,9 @@ import json
 import subprocess
 import sys
 import venv
-from pathlib import Path
 
-import pytest
 from support.fixtures import BUCKET
-from support.procs import REPO, base_env
+from support.procs import base_env
 
 
 def doctor(s3, *args: str, python: str = sys.executable) -> tuple[int, str]:
@@ -57,14 +55,6 @@ def test_doctor_warns_about_stale_shards_outside_the_index(s3, models):
     report = json.loads(out)["model"]
     assert code == 0
     assert any("model-00001-of-00003.safetensors" in w for w in report["warnings"])
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    dist = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "build", "--outdir", str(dist), str(REPO)], check=True,
-                   capture_output=True, timeout=600)
-    return dist
 
 
 def test_sdist_and_wheel_install_into_a_clean_venv_and_doctor_runs(built, s3, tmp_path):

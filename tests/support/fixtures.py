@@ -53,6 +53,20 @@ def upload_models(server: S3Server) -> dict[str, TinyModel]:
 
 
 @pytest.fixture(scope="session")
+def built(tmp_path_factory) -> Path:
+    """The sdist and wheel, built from this checkout the way a release would be."""
+    import subprocess
+    import sys
+
+    from .procs import REPO
+
+    dist = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "build", "--outdir", str(dist), str(REPO)], check=True,
+                   capture_output=True, timeout=600)
+    return dist
+
+
+@pytest.fixture(scope="session")
 def models(s3) -> dict[str, TinyModel]:
     return upload_models(s3)
 
