@@ -23,7 +23,7 @@ import shutil
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Optional
 
@@ -67,7 +67,6 @@ class FetchResult:
     fetched_bytes: int = 0
     reused: bool = False
     seconds: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 FsAndPath = Callable[[str], tuple[Any, str]]

@@ -55,7 +55,6 @@ RAY_RANGES: tuple[Range, ...] = (
     Range((2, 52), (2, 61), frozenset(), "the vLLM stage streams all formats natively"),
 )
 
-KNOWN = (RAY_RANGES[0].low, RAY_RANGES[-1].high)
 
 
 def parse_version(text: str) -> tuple[int, int, int] | None:
