@@ -32,13 +32,17 @@ def main(argv: list) -> int:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--cpu", action="store_true", help="run vLLM's CPU backend (no GPU)")
+    ap.add_argument("--address", help="connect to this Ray cluster instead of starting one")
     ap.add_argument("--json", help="write the rows here as JSON")
     args = ap.parse_args(argv)
 
     engine_kwargs = {"load_format": args.load_format, "max_model_len": 128}
     extra = {}
-    if args.cpu:
+    if args.address:
+        ray.init(address=args.address)
+    elif args.cpu:
         ray.init(num_cpus=2, resources={"fake_accel": 1}, include_dashboard=False)
+    if args.cpu:
         engine_kwargs.update(dtype="float32", enforce_eager=True, max_num_seqs=4)
         extra["resources_per_bundle"] = {"fake_accel": 1}
 

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from support.procs import base_env, last_json, run_python
+from support.procs import REPO, base_env, last_json, run_python
 
 RAY = str(Path(sys.executable).parent / "ray")
 PROBE = """
@@ -51,10 +51,12 @@ class Cluster:
         subprocess.run([RAY, *args], env=self.env, check=True, capture_output=True, timeout=180)
 
     def __enter__(self) -> Cluster:
-        common = ["--node-ip-address=127.0.0.1", "--num-cpus=1"]
+        ip = "--node-ip-address=127.0.0.1"
         self.ray("start", "--head", f"--port={self.port}", "--include-dashboard=false",
-                 f"--temp-dir={self.root / 't'}", '--resources={"head_node": 1}', *common)
-        self.ray("start", f"--address={self.address}", '--resources={"node2": 1}', *common)
+                 f"--temp-dir={self.root / 't'}", '--resources={"head_node": 1}', "--num-cpus=2", ip)
+        # Only the second node has the accelerator stand-in, so the vLLM stage must run there.
+        self.ray("start", f"--address={self.address}", '--resources={"node2": 1, "fake_accel": 1}',
+                 "--num-cpus=1", ip)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -123,3 +125,25 @@ def test_the_bootstrap_costs_nothing_until_ray_is_imported():
     )
     assert out["heavy"] == []
     json.dumps(out)
+
+
+@pytest.mark.engine
+def test_the_pipelines_stage_on_the_second_node_streams(s3, models, sandbox):
+    """ray#55574's pipeline, driver-imported shim, the vLLM stage forced onto node 2."""
+    model = models["tiny-sharded"]
+    with Cluster({**sandbox.env, "HOME": str(sandbox.root / "home")}) as cluster:
+        out = sandbox.root / "rows.json"
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "examples" / "stream_from_s3.py"), model.uri, "--cpu",
+             "--address", cluster.address, "--json", str(out)],
+            env=sandbox.env, cwd=str(sandbox.root), capture_output=True, text=True, timeout=900,
+        )
+        assert proc.returncode == 0, proc.stderr[-6000:]
+        logs = "\n".join(p.read_text(errors="replace") for p in cluster.root.glob("t/session_2*/logs/worker-*"))
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 4 and all(r["generated_tokens"] for r in rows)
+    calls = sandbox.engine_calls()
+    [shim_dir] = sandbox.shim_dirs()
+    assert calls and all(c["model"] == str(shim_dir) and c["model_weights"] == model.uri for c in calls)
+    assert sandbox.weight_bytes_on_disk(model) == [] and not any(cluster.root.rglob("*.safetensors"))
+    assert "/runtime_resources/py_modules_files/" in logs or "ray-runai-shim: fetched" in logs
