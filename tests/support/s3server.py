@@ -12,8 +12,10 @@ same port but EMPTY; re-upload whatever the test needs afterwards.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -50,6 +52,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the parent dies (Linux), so a test
+    process killed without cleanup (SIGKILL, SIGPIPE) leaves no moto_server behind.
+    Note this follows the parent THREAD that started the server."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
 def _moto_command(port: int) -> list[str]:
     """Prefer the ``moto_server`` script next to the caller's interpreter."""
     script = Path(sys.executable).parent / "moto_server"
@@ -84,7 +98,9 @@ class S3Server:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
+        atexit.register(self.stop)
         deadline = time.monotonic() + timeout
         while True:
             if self._proc.poll() is not None:
@@ -108,6 +124,7 @@ class S3Server:
     def stop(self) -> None:
         """Terminate the server (SIGTERM, then SIGKILL after 5 s)."""
         proc, self._proc = self._proc, None
+        atexit.unregister(self.stop)
         if proc is not None and proc.poll() is None:
             proc.terminate()
             try:

@@ -26,7 +26,7 @@ __all__ = [
 #: A non-weight file in a sub-folder, to check that folder structure survives.
 EXTRA_FILE = "extra/notes.txt"
 
-_BUILD_VERSION = 1  # bump to invalidate cached builds when the recipe changes
+_BUILD_VERSION = 2  # bump to invalidate cached builds when the recipe changes
 _CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "Ray Data runs batch inference with vLLM.",
@@ -118,6 +118,10 @@ def _build_into(out: Path, shards: int) -> None:
     tc = json.loads(tc_path.read_text())
     tc["tokenizer_class"] = "PreTrainedTokenizerFast"
     tc["model_max_length"] = 256
+    # transformers 5 keeps the template only in chat_template.jinja, but Ray 2.48's
+    # TOKENIZER_ONLY download keeps just "*tokenizer*" / "*config.json" names, so its
+    # chat-template stage would see no template. Embed it too (the pre-4.4x layout).
+    tc["chat_template"] = _CHAT_TEMPLATE
     tc_path.write_text(json.dumps(tc, indent=2, sort_keys=True) + "\n")
 
     cfg = LlamaConfig(
