@@ -68,13 +68,13 @@ def _fs_and_path(uri: str) -> Any:
         return CloudFileSystem.get_fs_and_path
     except Exception:
         from .endpoint import endpoint_s3_filesystem, s3_endpoint
+        from .support import split_anonymous
 
         def fs_and_path(u: str) -> Any:
             import pyarrow.fs as pa_fs
 
-            scheme, _, rest = u.partition("://")
-            anonymous = rest.startswith("anonymous@")
-            rest = rest.split("@", 1)[1] if anonymous else rest
+            plain, anonymous = split_anonymous(u)
+            scheme, _, rest = plain.partition("://")
             ep = s3_endpoint()
             if scheme == "s3":
                 fs = endpoint_s3_filesystem(anonymous, ep) if ep else pa_fs.S3FileSystem(anonymous=anonymous)

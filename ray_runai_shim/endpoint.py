@@ -14,6 +14,8 @@ import os
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
+from .support import split_anonymous
+
 
 def _profile_endpoint() -> Optional[str]:
     path = os.environ.get("AWS_CONFIG_FILE") or os.path.expanduser("~/.aws/config")
@@ -77,7 +79,7 @@ def get_fs_and_path_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: di
         endpoint = s3_endpoint()
         if endpoint and type(fs).__name__ == "S3FileSystem":
             uri = str(args[0] if args else kwargs.get("object_uri", ""))
-            anonymous = uri.partition("://")[2].startswith("anonymous@")  # Ray's own test
+            anonymous = split_anonymous(uri)[1]  # the same test Ray applies
             fs = endpoint_s3_filesystem(anonymous, endpoint)
     except Exception:  # a shim bug must not break Ray's own access
         from .log import logger

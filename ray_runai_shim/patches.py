@@ -37,6 +37,7 @@ from .support import (
     is_streaming_format,
     normalize_load_format,
     plan_for,
+    split_anonymous,
 )
 
 STAGE_MODULE = "ray.llm._internal.batch.stages.vllm_engine_stage"
@@ -248,10 +249,8 @@ def _download(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> An
 def streamer_uri(uri: str) -> tuple[str, dict[str, str]]:
     """Ray's ``s3://anonymous@bucket/...`` means unsigned access; the streamer spells it
     ``s3://bucket/...`` plus ``RUNAI_STREAMER_S3_UNSIGNED=1``."""
-    scheme, sep, rest = uri.partition("://")
-    if rest.startswith("anonymous@"):
-        return f"{scheme}{sep}{rest[len('anonymous@'):]}", {"RUNAI_STREAMER_S3_UNSIGNED": "1"}
-    return uri, {}
+    plain, anonymous = split_anonymous(uri)
+    return plain, ({"RUNAI_STREAMER_S3_UNSIGNED": "1"} if anonymous else {})
 
 
 HANDOFF_ENV = "RAY_RUNAI_SHIM_HANDOFF"  # auto | model_weights | config

@@ -105,3 +105,14 @@ REMOTE_SCHEMES = ("s3://", "gs://")
 def is_remote_uri(model: object) -> bool:
     """The sources Ray 2.45-2.51 download themselves (``is_remote_path``)."""
     return isinstance(model, str) and model.startswith(REMOTE_SCHEMES)
+
+
+ANONYMOUS = "anonymous@"
+
+
+def split_anonymous(uri: str) -> tuple[str, bool]:
+    """Ray's ``s3://anonymous@bucket/...`` form -> (``s3://bucket/...``, True)."""
+    scheme, sep, rest = uri.partition("://")
+    if sep and rest.startswith(ANONYMOUS):
+        return f"{scheme}{sep}{rest[len(ANONYMOUS):]}", True
+    return uri, False
