@@ -19,6 +19,7 @@ base venv's own ready marker.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import shutil
@@ -106,9 +107,18 @@ def build_env(rebuild: bool = False, env_dir: Path = ENV_DIR) -> Path:
     """Build (or reuse) the layered oracle venv; return its python. Serial pip, no base writes."""
     if not list(BASE.glob(".ready-*")):
         raise RuntimeError(f"base venv {BASE} is not ready (run ./dev setup first)")
-    marker = env_dir / f".ready-{_key()}"
     if is_ready(env_dir) and not rebuild:
         return python_path(env_dir)
+    env_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(env_dir.parent / f".{env_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two test runs at once: one builds, the other waits and reuses
+        if is_ready(env_dir) and not rebuild:
+            return python_path(env_dir)
+        _build(env_dir)
+    return python_path(env_dir)
+
+
+def _build(env_dir: Path) -> None:
     if env_dir.exists():
         shutil.rmtree(env_dir)
     base_python = (BASE / "bin" / "python").resolve()  # the interpreter the base venv was made from
@@ -134,8 +144,8 @@ def build_env(rebuild: bool = False, env_dir: Path = ENV_DIR) -> Path:
         check=True,
     )
     check(env_dir)
-    marker.write_text(json.dumps({"pins": PINS, "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
-    return python_path(env_dir)
+    stamp = {"pins": PINS, "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    (env_dir / f".ready-{_key()}").write_text(json.dumps(stamp))
 
 
 def main(argv: list[str]) -> int:

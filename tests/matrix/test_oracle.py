@@ -134,7 +134,14 @@ def judge(results: dict[str, Any], model, env: dict[str, Any]) -> dict[str, Any]
     # The control proves the checks above can fail: Ray 2.60 with a non-streaming format copies.
     checks["control_copies_every_weight"] = len(control["weight_files_on_disk"]) == len(model.weights)
     checks["control_same_tokens"] = control["tokens"] == oracle["tokens"]
-    return {"model": model.uri, "env": env, "checks": checks, "pass": all(checks.values()), "runs": runs}
+    return {
+        "model": model.uri,
+        "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "env": env,
+        "checks": checks,
+        "pass": all(checks.values()),
+        "runs": runs,
+    }
 
 
 def write_verdict(verdict: dict[str, Any]) -> None:
@@ -159,6 +166,7 @@ def runs(s3, models):
                 sandbox = make_sandbox(s3, root)
                 results[label] = run = {"sandbox": sandbox}
                 run.update(run_example(sandbox, model.uri, shim=True))
+                run["seconds"] = json.loads((root / "rows.json").read_text()).get("seconds")
             else:  # the control: the same native pipeline with a format that does not stream
                 sandbox = oracle_sandbox(s3, root)
                 results[label] = run = {"sandbox": sandbox}
