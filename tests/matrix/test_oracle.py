@@ -29,20 +29,20 @@ import shutil
 import subprocess
 import tempfile
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import oracle_env
 import pytest
+from matrix import oracle_env
 from support.fixtures import BUCKET, make_sandbox
-from support.procs import REPO
 from test_pipeline import run_example
 
 pytestmark = pytest.mark.engine
 MODEL = "tiny-sharded"
 PIPELINE = Path(__file__).resolve().parent / "oracle_pipeline.py"
 NATIVE = {"ray": "2.60.0", "vllm": "0.29.0", "shim_imported": False}
-RESULTS = REPO / ".matrix" / "results" / "oracle.json"
+RESULTS = oracle_env.RESULTS / "oracle.json"
 ENGINE_VERSION = re.compile(r"LLM engine \(v([^)\s]+)\)")  # vLLM's start-up line, in the actor's log
 CALL_KEYS = (
     "pid",
@@ -134,12 +134,25 @@ def judge(results: dict[str, Any], model, env: dict[str, Any]) -> dict[str, Any]
     # The control proves the checks above can fail: Ray 2.60 with a non-streaming format copies.
     checks["control_copies_every_weight"] = len(control["weight_files_on_disk"]) == len(model.weights)
     checks["control_same_tokens"] = control["tokens"] == oracle["tokens"]
-    return {
+    n_weights = {label: len(run["weight_files_on_disk"]) for label, run in runs.items()}
+    gets = {label: run["weight_requests"] for label, run in runs.items()}
+    return {  # scalars first: tests/matrix/report.py renders them as the README's table row
+        "shimmed": f"Ray {version('ray')} + vLLM {'/'.join(shim['engine_versions'])} + shim",
+        "oracle": f"Ray {results['oracle'].get('ray')} + vLLM {'/'.join(oracle['engine_versions'])}, native",
         "model": model.uri,
+        "oracle_vllm_model": first.get("model"),
+        "same_tokens": f"{sum(shim['tokens'].get(p) == t for p, t in oracle['tokens'].items())}"
+        f"/{len(oracle['tokens'])} prompts",
+        "weight_files_on_disk": f"shim {n_weights['shim']}, oracle {n_weights['oracle']}, "
+        f"control {n_weights['control']}",
+        "weight_gets": ", ".join(
+            f"{label} {len(g)} ({'all 206' if g and all(x.endswith(' 206') for x in g) else 'not all ranged'})"
+            for label, g in gets.items()
+        ),
+        "pass": all(checks.values()),
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "env": env,
         "checks": checks,
-        "pass": all(checks.values()),
         "runs": runs,
     }
 
