@@ -82,8 +82,8 @@ _state = _State()
 def _wrap(patch: str, owner: Any, attr: str, wrapper: Callable) -> bool:
     """Wrap ``owner.attr`` once; the original is taken from ``__dict__`` for exact restore."""
     for a in _state.applied:
-        if a.owner is owner and a.attr == attr:
-            return False
+        if a.owner is owner and a.attr == attr and a.patch == patch:
+            return False  # different patches on one name stack; restore unwinds them in order
     original = owner.__dict__[attr] if attr in vars(owner) else getattr(owner, attr)
     replacement = wrapt.FunctionWrapper(original, wrapper)
     setattr(owner, attr, replacement)
@@ -216,7 +216,13 @@ def _download(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> An
         ours = False
     if not ours:
         return wrapped(*args, **kwargs)
+    local_dir = narrowed_fetch(ctx)
+    return wrapped(*args, **kwargs) if local_dir is None else local_dir
 
+
+def narrowed_fetch(ctx: StageContext) -> Optional[str]:
+    """Fetch the non-weight files for *ctx*; None (and ``ctx.fell_back``) on an unexpected
+    failure, so the caller runs Ray's own download. ShimError propagates."""
     from .fetch import fetch_nonweights
 
     try:
@@ -232,7 +238,7 @@ def _download(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> An
             exc_info=True,
         )
         ctx.fell_back = True
-        return wrapped(*args, **kwargs)
+        return None
     ctx.local_dir = result.local_dir
     ctx.stats = {
         "fetched_files": result.fetched_files,
@@ -286,8 +292,10 @@ def _inject_weights(wrapped: Callable, instance: Any, args: tuple, kwargs: dict)
     return config
 
 
-def _handoff_kwargs(ctx: StageContext, kwargs: dict) -> tuple[dict, Optional[tuple[str, str]], str]:
-    local_dir = kwargs.get("model_source")
+def _handoff_kwargs(
+    ctx: StageContext, kwargs: dict, local_dir: Optional[str] = None
+) -> tuple[dict, Optional[tuple[str, str]], str]:
+    local_dir = local_dir or kwargs.get("model_source")
     weights_uri, env = streamer_uri(ctx.model)
     for k, v in env.items():
         os.environ.setdefault(k, v)
@@ -438,11 +446,18 @@ def _on_stage(mod: ModuleType) -> None:
         _wrap(DOWNLOAD, mod, "download_model_files", _download)
 
 
+def _serve_hooks() -> tuple[tuple[str, Callable[[ModuleType], None]], ...]:
+    from .serve import HOOKS as serve_hooks  # imports this module's names above
+
+    return serve_hooks
+
+
 HOOKS: tuple[tuple[str, Callable[[ModuleType], None]], ...] = (
     ("ray", _on_ray),
     (CLOUD_UTILS, _on_cloud_utils),
     (DOWNLOAD_UTILS, _on_download_utils),
     (STAGE_MODULE, _on_stage),
+    *_serve_hooks(),
 )
 
 

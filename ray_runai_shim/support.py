@@ -23,6 +23,8 @@ HANDOFF = "batch-handoff"  # give vLLM the weights URI next to the local dir
 ENDPOINT = "s3-endpoint"  # make Ray's pyarrow S3 filesystem honour AWS_ENDPOINT_URL
 SHARDED_FORMAT = "sharded-format"  # teach 2.51 that runai_streamer_sharded streams
 ACTIVATION = "worker-activation"  # carry the shim into the job's worker processes
+SERVE_DOWNLOAD = "serve-download"  # narrow Serve LLM's node-init MODEL_AND_TOKENIZER download
+SERVE_HANDOFF = "serve-handoff"  # give Serve's vLLM engine the weights URI next to the local dir
 
 
 class Range(NamedTuple):
@@ -55,6 +57,47 @@ RAY_RANGES: tuple[Range, ...] = (
     Range((2, 52), (2, 61), frozenset(), "the vLLM stage streams all formats natively"),
 )
 
+#: Ray Serve LLM, by the same rules. Ranges the shim does not patch say what the
+#: user sees there and what to do instead (research: ray-versions.md §1, §3, §7).
+SERVE_RANGES: tuple[Range, ...] = (
+    Range(
+        (2, 43),
+        (2, 45),
+        frozenset(),
+        "Serve passes string URIs to vLLM; CloudMirrorConfig sources are downloaded in full "
+        "(not covered: use a string URI)",
+    ),
+    Range(
+        (2, 45),
+        (2, 51),
+        frozenset({SERVE_DOWNLOAD, SERVE_HANDOFF}),
+        "Serve LLM's node initialisation downloads the whole model (string URI or "
+        "CloudMirrorConfig) and hands vLLM the local copy",
+    ),
+    Range(
+        (2, 51),
+        (2, 52),
+        frozenset(),
+        "Serve LLM downloads the whole model in initialize_remote_node (not covered by this "
+        "shim: use Ray >= 2.52 with a string URI)",
+    ),
+    Range(
+        (2, 52),
+        (2, 57),
+        frozenset(),
+        "Serve LLM streams string URIs natively; a CloudMirrorConfig source with a streaming "
+        "load_format hands vLLM the bare model_id (not covered: use a string URI)",
+    ),
+    Range(
+        (2, 57),
+        (2, 59),
+        frozenset(),
+        "Serve LLM hands vLLM the bare model_id for every remote source with a streaming "
+        "load_format (Ray regression, not covered: use Ray >= 2.59)",
+    ),
+    Range((2, 59), (2, 61), frozenset(), "Serve LLM streams string URIs and CloudMirrorConfig natively"),
+)
+
 
 
 def parse_version(text: str) -> tuple[int, int, int] | None:
@@ -72,11 +115,11 @@ class Plan(NamedTuple):
     known: bool
 
 
-def plan_for(ray_version: str) -> Plan:
-    """Which patches the table asks for on this Ray."""
+def plan_for(ray_version: str, ranges: tuple[Range, ...] = RAY_RANGES) -> Plan:
+    """Which patches the table asks for on this Ray (Ray Data's table unless told)."""
     v = parse_version(ray_version)
     if v is not None:
-        for r in RAY_RANGES:
+        for r in ranges:
             if r.low <= v[:2] < r.high:
                 return Plan(ray_version, r.patches, r.why, True)
     return Plan(

@@ -283,3 +283,4 @@ def _install() -> None:
 
 _chain_shadowed_sitecustomize()
 _install()
+_flag("RAY_RUNAI_SHIM_TEST_SERVE_COMPAT") and __import__("serve_compat")  # Ray 2.48 Serve LLM drift
