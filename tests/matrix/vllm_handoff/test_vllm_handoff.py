@@ -27,8 +27,9 @@ import inspect
 import json
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pytest
 import torch
@@ -198,9 +199,13 @@ def test_config_route_streams_every_tensor_from_the_uri(name, s3env, models, sta
     leaked = find_weight_bytes([SANDBOX], model.weight_paths()) if SANDBOX.is_dir() else []
     assert leaked == []
 
+    status = ray_runai_shim.status()
     record(name, {
+        "ray": status["ray_version"],
+        "shim_plan": status["plan"],
         "route": "model_config.model_weights (config route; vllm_takes_model_weights() is False)",
         "model_given_to_vllm": local_dir,
+        "local_dir_fetched_by": "shim" if "/ray-runai-shim/" in local_dir else "ray (EXCLUDE_SAFETENSORS)",
         "model_weights_on_both_configs": model.uri,
         "tokenizer_dir": engine.vllm_config.model_config.tokenizer,
         "loader": type(engine.loader).__name__,
@@ -210,6 +215,21 @@ def test_config_route_streams_every_tensor_from_the_uri(name, s3env, models, sta
         "nonweight_gets_per_key": sorted(set(per_key.get(k, 0) for k in model.nonweights)),
         "weight_files_on_local_disk": len(leaked),
     })
+
+
+def test_control_without_the_injection_this_vllm_finds_no_weights(s3env, models, stage_module, tmp_path):
+    """The same local dir without the shim's ``model_weights``: vLLM's loader has nothing to
+    stream. This is Ray 2.50's behaviour (narrowed download, local dir handed over) and it
+    shows that the injection, not something else, makes the test above pass."""
+    from ray_runai_shim.fetch import fetch_nonweights
+
+    model = models["tiny"]
+    local_dir = fetch_nonweights(model.uri, "runai_streamer", root=tmp_path).local_dir  # Ray's pyarrow fs
+    cfg = vllm.AsyncEngineArgs(model=local_dir, task="generate", **ENGINE_KWARGS).create_engine_config()
+    assert getattr(cfg.model_config, "model_weights", None) in (None, "")
+    with pytest.raises(RuntimeError, match="Cannot find any safetensors model weights"):
+        load_with_vllm_loader(cfg)
+    record("control_local_dir_without_model_weights", "RuntimeError: Cannot find any safetensors model weights")
 
 
 def test_info_would_model_uri_have_worked(s3env, models, stage_module):
@@ -224,3 +244,9 @@ def test_info_would_model_uri_have_worked(s3env, models, stage_module):
     except Exception as e:  # the point: record exactly how it fails
         outcome = {"works": False, "error": f"{type(e).__name__}: {str(e)[:400]}"}
     record("alternative_model_uri", outcome)
+    # Ray 2.45-2.49's stage passes disable_log_requests=True; can this vLLM take it?
+    try:
+        vllm.AsyncEngineArgs(model=str(model.local), disable_log_requests=True)
+        record("accepts_disable_log_requests (Ray 2.45-2.49 stage)", True)
+    except TypeError as e:
+        record("accepts_disable_log_requests (Ray 2.45-2.49 stage)", f"TypeError: {e}")
