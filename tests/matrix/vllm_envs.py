@@ -214,6 +214,22 @@ def prebuild_models() -> None:
     subprocess.run([str(BASE / "bin" / "python"), "-c", code], check=True, cwd=REPO, timeout=600)
 
 
+def summarize(checks: dict[str, Any]) -> dict[str, Any]:
+    """The headline per version, from the findings the in-env test recorded."""
+    models = {k: v for k, v in checks.items() if isinstance(v, dict) and "tensors_streamed" in v}
+    alt = checks.get("alternative_model_uri") or {}
+    return {
+        "route": sorted({m["route"] for m in models.values()}),
+        "local_dir_given_as_model": all("model_given_to_vllm" in m for m in models.values()) and bool(models),
+        "local_dir_fetched_by": sorted({m["local_dir_fetched_by"] for m in models.values()}),
+        "tensors_streamed": {k: m["tensors_streamed"] for k, m in models.items()},
+        "tensors_equal": {k: m["tensors_equal"] for k, m in models.items()},
+        "without_injection": checks.get("control_local_dir_without_model_weights"),
+        "model_uri_alternative_works": alt.get("works"),
+        "model_uri_alternative_error": alt.get("error"),
+    }
+
+
 def run(version: str, rebuild: bool = False) -> dict[str, Any]:
     """Build/reuse the env, run the handoff test in it, write and return the verdict."""
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -251,8 +267,12 @@ def run(version: str, rebuild: bool = False) -> dict[str, Any]:
         verdict["pytest_tail"] = proc.stdout[-3000:]
         if proc.returncode != 0:
             verdict["stderr_tail"] = proc.stderr[-3000:]
+        if proc.returncode != 0:
+            errors = [line for line in proc.stdout.splitlines() if line.startswith("E ")]
+            verdict["error"] = "\n".join(errors[:20]) or f"pytest exit status {proc.returncode}"
         if details.exists():
             verdict["checks"] = json.loads(details.read_text())
+            verdict["summary"] = summarize(verdict["checks"])
     out.write_text(json.dumps(verdict, indent=1, sort_keys=False))
     return verdict
 
