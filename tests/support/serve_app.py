@@ -1,0 +1,79 @@
+"""Test driver: one Ray Serve LLM OpenAI app on a fresh local Ray, one request per model.
+
+    python serve_app.py '<json: [[model_id, model_source], ...]>' OUT.json
+
+``model_source`` is a string URI or ``{"bucket_uri": ...}`` (Ray's CloudMirrorConfig
+form). The shim is imported first, exactly as a user would (``RAY_RUNAI_SHIM_DISABLE=1``
+makes that a no-op for control runs). vLLM runs on its CPU backend; the logical
+``accelerator_type:Intel-GAUDI`` resource keeps Serve's engine config in the replica
+(``use_gpu`` is False for non-NVIDIA types). Writes ``{model_id: response | error}``.
+"""
+
+import ray_runai_shim  # noqa: F401, I001
+
+import json
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import ray
+from ray import serve
+from ray.serve.llm import LLMConfig, build_openai_app
+
+PROMPT = "The quick brown fox"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return {"status": r.status, "body": json.loads(r.read())}
+    except urllib.error.HTTPError as e:
+        return {"status": e.code, "body": e.read().decode(errors="replace")[:4000]}
+
+
+def main(apps: list, out: str) -> None:
+    ray.init(num_cpus=8, resources={"accelerator_type:Intel-GAUDI": len(apps)}, include_dashboard=False)
+    configs = [
+        LLMConfig(
+            model_loading_config={"model_id": model_id, "model_source": source},
+            engine_kwargs={
+                "load_format": "runai_streamer", "max_model_len": 128, "dtype": "float32",
+                "enforce_eager": True, "max_num_seqs": 4,
+            },
+            accelerator_type="Intel-GAUDI",
+            resources_per_bundle={"CPU": 1},
+            deployment_config={"autoscaling_config": {"min_replicas": 1, "max_replicas": 1}},
+        )
+        for model_id, source in apps
+    ]
+    port = _port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    result: dict = {"port": port}
+    start = time.perf_counter()
+    try:
+        serve.run(build_openai_app({"llm_configs": configs}), blocking=False)
+        result["deploy_seconds"] = time.perf_counter() - start
+        for model_id, _ in apps:
+            result[model_id] = _post(
+                f"http://127.0.0.1:{port}/v1/completions",
+                {"model": model_id, "prompt": PROMPT, "max_tokens": 8, "temperature": 0.0},
+            )
+    except Exception as e:  # the control run stops its engine on purpose
+        result["error"] = f"{type(e).__name__}: {e}"[:4000]
+    with open(out, "w") as f:
+        json.dump(result, f)
+    serve.shutdown()
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]), sys.argv[2])
