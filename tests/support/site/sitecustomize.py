@@ -261,7 +261,9 @@ def _install_endpoint_adapter(wrapt: Any) -> None:
 
     @wrapt.when_imported("ray.llm._internal.common.utils.cloud_utils")
     def _cloud_utils(mod: Any) -> None:
-        wrapt.wrap_function_wrapper(mod, "CloudFileSystem.get_fs_and_path", get_fs_and_path)
+        # Ray >= 2.53 moved to per-provider filesystems that read AWS_ENDPOINT_URL_S3 themselves.
+        if "get_fs_and_path" in vars(getattr(mod, "CloudFileSystem", object)):
+            wrapt.wrap_function_wrapper(mod, "CloudFileSystem.get_fs_and_path", get_fs_and_path)
 
 
 # --------------------------------------------------------------------------- main
