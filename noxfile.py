@@ -27,18 +27,22 @@ VLLM_RELEASES = ("0.8.5", "0.9.2", "0.10.0", "0.10.1", "0.10.2")
 MATRIX_ENV = {"RAY_RUNAI_SHIM_MATRIX": "1"}
 
 
-def _shim_patches_stage(version: str) -> bool:
-    """Releases where the shim rewrites the vLLM stage: the core integration test must pass there."""
-    from ray_runai_shim.support import HANDOFF, plan_for
+def end_to_end_tests(version: str) -> list[str]:
+    """On every release the shim patches, the core integration test (real Ray Data, real vLLM,
+    moto, zero weight bytes on disk) for the format that release gets wrong."""
+    from ray_runai_shim.support import HANDOFF, SHARDED_FORMAT, plan_for
 
-    return HANDOFF in plan_for(version).patches
+    patches = plan_for(version).patches
+    if HANDOFF in patches:
+        return ["tests/test_pipeline.py"]
+    if SHARDED_FORMAT in patches:
+        return ["tests/matrix/test_sharded_pipeline.py"]
+    return []
 
 
 def run_release(session: nox.Session, version: str) -> None:
     python = str(build_env(version))
-    tests = ["tests/matrix/test_ray_release.py"]
-    if _shim_patches_stage(version):
-        tests.append("tests/test_pipeline.py")  # real Ray Data + real vLLM + moto, zero weight bytes
+    tests = ["tests/matrix/test_ray_release.py", *end_to_end_tests(version)]
     RESULTS.mkdir(parents=True, exist_ok=True)
     junit = RESULTS / f"ray-{version}.xml"
     session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *tests,

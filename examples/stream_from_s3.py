@@ -44,7 +44,11 @@ def main(argv: list) -> int:
         ray.init(num_cpus=2, resources={"fake_accel": 1}, include_dashboard=False)
     if args.cpu:
         engine_kwargs.update(dtype="float32", enforce_eager=True, max_num_seqs=4)
-        extra["resources_per_bundle"] = {"fake_accel": 1}
+        # Schedule the engine on a custom resource instead of a GPU (the knob moved in Ray 2.50).
+        if "placement_group_config" in vLLMEngineProcessorConfig.model_fields:
+            extra["placement_group_config"] = {"bundles": [{"CPU": 1, "GPU": 0, "fake_accel": 1}]}
+        else:
+            extra["resources_per_bundle"] = {"fake_accel": 1}
 
     config = vLLMEngineProcessorConfig(
         model_source=args.model_source,

@@ -102,7 +102,7 @@ def ray_table() -> str:
         rows.append(
             f"| {version} | {_alone(control.get(FORMATS[0]))} | {_alone(control.get(FORMATS[1]))} "
             f"| {_patches(v)} | {_with_shim(v)} | {_counts(junit.get('test_ray_release'))} "
-            f"| {_counts(junit.get('test_pipeline'))} |"
+            f"| {_counts(junit.get('test_pipeline') or junit.get('test_sharded_pipeline'))} |"
         )
     return head + "\n".join(rows) + "\n"
 

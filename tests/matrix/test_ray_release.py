@@ -58,7 +58,10 @@ import ray_runai_shim
 import ray
 import {stage} as stage
 import ray.data.llm
-from ray.llm._internal.common.utils import download_utils
+try:
+    from ray.llm._internal.common.utils import download_utils
+except ImportError:  # Ray 2.43 has no common download module
+    download_utils = None
 status = ray_runai_shim.status()
 formats = getattr(download_utils, "STREAMING_LOAD_FORMATS", None)
 stage_formats = getattr(stage, "STREAMING_LOAD_FORMATS", None)
