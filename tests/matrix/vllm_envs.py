@@ -177,8 +177,13 @@ print(json.dumps({"vllm": vllm.__version__, "vllm_file": vllm.__file__, "ray": r
 """
 
 
+_checked: dict[str, dict[str, Any]] = {}
+
+
 def check(version: str) -> dict[str, Any]:
     """Import the layer's vLLM: right version, from the layer, on vLLM's CPU platform."""
+    if version in _checked:  # once per process: a fresh build has just checked it
+        return _checked[version]
     with tempfile.TemporaryDirectory(prefix="vllm-check-") as home:
         proc = subprocess.run(
             [str(python_path(version)), "-c", _CHECK], capture_output=True, text=True, timeout=600,
@@ -198,6 +203,7 @@ def check(version: str) -> dict[str, Any]:
         problems.append(f"platform {info['platform']}")
     if problems:
         raise RuntimeError(f"vllm {version} env is wrong: " + "; ".join(problems))
+    _checked[version] = info
     return info
 
 
