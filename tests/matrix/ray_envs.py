@@ -50,43 +50,37 @@ def _layer_site(venv: Path) -> Path:
     return venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
 
 
-def build_env(version: str, base_python: str = sys.executable) -> Path:
-    """Create (or reuse) the layered venv for *version*; return its python."""
-    venv = env_dir(version)
+def build_layer(name: str, pins: list[str], base_python: str = sys.executable) -> Path:
+    """Create (or reuse) ``.matrix/<name>/``: *pins* installed ``--no-deps`` over the base venv."""
+    venv = MATRIX / name
     python = venv / "bin" / "python"
-    stamp = venv / f".ready-{version}"
-    if stamp.exists():
+    stamp = venv / ".ready"
+    if stamp.exists() and stamp.read_text() == " ".join(pins):
         return python
     subprocess.run([base_python, "-m", "venv", "--without-pip", "--clear", str(venv)], check=True)
-    site = _layer_site(venv)
     base = subprocess.run(
         [base_python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         check=True, capture_output=True, text=True,
     ).stdout.strip()  # fmt: skip
-    (site / "_base.pth").write_text(f"import site; site.addsitedir({base!r})\n")
-    pkgs = [f"ray=={version}", *EXTRA.get(version, ())]
+    (_layer_site(venv) / "_base.pth").write_text(f"import site; site.addsitedir({base!r})\n")
     subprocess.run(
-        [
-            base_python,
-            "-m",
-            "pip",
-            "--python",
-            str(python),
-            "install",
-            "-q",
-            "--no-deps",
-            "--ignore-installed",
-            *pkgs,
-        ],
+        [base_python, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--ignore-installed",
+         *pins],
         check=True,
-    )
+    )  # fmt: skip
+    stamp.write_text(" ".join(pins))
+    return python
+
+
+def build_env(version: str, base_python: str = sys.executable) -> Path:
+    """The layered venv for Ray *version*; checks that its own Ray is the one imported."""
+    python = build_layer(f"ray-{version}", [f"ray=={version}", *EXTRA.get(version, ())], base_python)
     got = subprocess.run(
         [str(python), "-c", "import ray; print(ray.__version__, ray.__file__)"],
         check=True, capture_output=True, text=True,
     ).stdout.split()  # fmt: skip
-    if got[0] != version or not got[1].startswith(str(venv)):
+    if got[0] != version or not got[1].startswith(str(env_dir(version))):
         raise RuntimeError(f"layer for Ray {version} imports Ray {got[0]} from {got[1]}")
-    stamp.write_text(version)
     return python
 
 
