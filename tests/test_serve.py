@@ -22,12 +22,14 @@ from pathlib import Path
 
 import pytest
 from support.fixtures import BUCKET, make_sandbox
-from support.procs import REPO
+from support.procs import REPO, last_json
 
-pytestmark = pytest.mark.engine
 MODEL = "tiny-sharded"
 DRIVER = REPO / "tests" / "support" / "serve_app.py"
 STOP = "RAY_RUNAI_SHIM_TEST_STOP_AFTER_CONFIG"
+
+
+# --------------------------------------------------------------------------- real Serve app (2.48)
 
 
 def deploy(sandbox, apps: list, shim: bool) -> dict:
@@ -52,7 +54,7 @@ def deploy(sandbox, apps: list, shim: bool) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(s3, models):
+def runs(s3, models):  # only requested by the engine tests
     uri = models[MODEL].uri
     plans = {
         "shim": ([["tiny", uri], ["tiny-mirror", {"bucket_uri": uri}]], True),
@@ -74,6 +76,7 @@ def completion_text(response: dict) -> str:
     return choice["text"]
 
 
+@pytest.mark.engine
 def test_control_without_the_shim_copies_every_weight(runs, models):
     model, control = models[MODEL], runs["control"]
     assert "error" in control["result"]  # stopped on purpose after vLLM's config
@@ -84,6 +87,7 @@ def test_control_without_the_shim_copies_every_weight(runs, models):
     assert len(control["sandbox"].weight_bytes_on_disk(model)) == len(model.weights)
 
 
+@pytest.mark.engine
 def test_both_source_forms_stream_and_no_weight_byte_lands_on_disk(runs, models):
     model, run = models[MODEL], runs["shim"]
     sandbox = run["sandbox"]
@@ -106,6 +110,7 @@ def test_both_source_forms_stream_and_no_weight_byte_lands_on_disk(runs, models)
     assert all(r.status == 206 for r in streamed)
 
 
+@pytest.mark.engine
 def test_the_openai_route_answers_with_the_streamed_weights(runs, models):
     result = runs["shim"]["result"]
     assert "error" not in result, result.get("error")
@@ -116,6 +121,7 @@ def test_the_openai_route_answers_with_the_streamed_weights(runs, models):
     assert text.rstrip("\ufffd") == reference_completion(models[MODEL].local).rstrip("\ufffd")
 
 
+@pytest.mark.engine
 def test_one_info_line_per_replica_says_what_happened(runs, models):
     logs = runs["shim"]["worker_logs"]
     lines = [ln for ln in logs.splitlines() if "ray-runai-shim:" in ln and "vLLM streams weights" in ln]
@@ -140,3 +146,63 @@ print(json.dumps(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------- every patched Ray
+
+#: Both ends of the patched range plus this venv's 2.48; each runs in its layered env
+#: (tests/matrix/ray_envs.py), no engine: Serve's own node initialisation against moto.
+SERVE_VERSIONS = ("2.45.0", "2.47.1", "2.48.0", "2.49.2", "2.50.1")
+
+NODE_INIT = """
+import ray_runai_shim, asyncio, json, sys
+import ray
+from ray.llm._internal.serve.configs.server_models import LLMConfig
+import ray.llm._internal.serve.deployments.utils.node_initialization_utils as ni
+from ray.llm._internal.common.utils.download_utils import NodeModelDownloadable
+
+config = LLMConfig(model_loading_config={"model_id": "tiny", "model_source": json.loads(sys.argv[1])},
+                   engine_kwargs={"load_format": "runai_streamer", "max_model_len": 128})
+engine_config = config.get_engine_config()
+# Ray's own call: 2.45-2.48 pass the engine config, 2.49-2.50 the LLMConfig.
+target = engine_config if tuple(map(int, ray.__version__.split(".")[:2])) < (2, 49) else config
+
+async def node_init():
+    await ni._initialize_local_node(target, download_model=NodeModelDownloadable.MODEL_AND_TOKENIZER,
+                                    download_extra_files=True)
+
+asyncio.run(node_init())
+kwargs = engine_config.get_initialization_kwargs()
+print(json.dumps({"ray": ray.__version__, "hf_model_id": engine_config.actual_hf_model_id,
+                  "model": kwargs.get("model"), "model_weights": kwargs.get("model_weights"),
+                  "patched": ray_runai_shim.status()["patched"]}))
+"""
+
+
+@pytest.mark.parametrize("form", ["uri", "mirror"])
+@pytest.mark.parametrize("version", SERVE_VERSIONS)
+def test_serve_node_init_fetches_only_non_weights_on_every_patched_ray(s3, models, version, form):
+    from matrix.ray_envs import build_env
+
+    python = sys.executable if version == "2.48.0" else str(build_env(version))
+    model = models[MODEL]
+    source = model.uri if form == "uri" else {"bucket_uri": model.uri}
+    sandbox = make_sandbox(s3, Path(tempfile.mkdtemp(prefix="rrs-svn-", dir="/tmp")),
+                           RAY_RUNAI_SHIM_TEST_SERVE_COMPAT="1")
+    try:
+        proc = subprocess.run([python, "-c", NODE_INIT, json.dumps(source)], env=sandbox.env,
+                              cwd=str(sandbox.root), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-6000:]
+        got = last_json(proc)
+        [shim_dir] = sandbox.shim_dirs()
+        assert got["ray"] == version
+        # Ray's tokenizer preload and checkpoint info read this dir; vLLM gets it plus the URI.
+        assert got["hf_model_id"] == got["model"] == str(shim_dir)
+        assert got["model_weights"] == model.uri
+        assert sorted(p.name for p in shim_dir.iterdir() if p.is_file() and not p.name.startswith(".")) == sorted(
+            f for f in model.nonweights if "/" not in f)
+        assert sandbox.weight_bytes_on_disk(model) == []
+        assert not list((sandbox.root / "hf" / "hub").glob("models--*"))
+        assert any(n.endswith("node_initialization_utils.download_model_files") for n in got["patched"])
+    finally:
+        shutil.rmtree(sandbox.root, ignore_errors=True)

@@ -164,3 +164,78 @@ def _arg_utils(mod: Any) -> None:
 
     if "guided_decoding_backend" not in getattr(mod.EngineArgs, "__dataclass_fields__", {}):
         wrapt.wrap_function_wrapper(mod, "AsyncEngineArgs.__init__", init)
+
+
+def _alias(name: str, target: str) -> None:
+    """Make the moved module *target* importable under its old *name*."""
+    import importlib
+    import importlib.util
+    import sys
+
+    if name in sys.modules:
+        return
+    try:
+        if importlib.util.find_spec(name):
+            return
+    except ImportError:
+        pass
+    sys.modules[name] = importlib.import_module(target)
+
+
+#: Ray 2.49-2.50 import these from ``vllm.entrypoints.openai.protocol``, since split up.
+_PROTOCOL_HOMES = (
+    "vllm.entrypoints.openai.chat_completion.protocol",
+    "vllm.entrypoints.openai.completion.protocol",
+    "vllm.entrypoints.pooling.embed.protocol",
+    "vllm.entrypoints.serve.engine.protocol",
+    "vllm.entrypoints.pooling.scoring.protocol",
+)
+#: Old names that became something Ray cannot subclass (ScoreRequest is now a Union).
+_PROTOCOL_RENAMES = {"ScoreRequest": "ScoreTextRequest"}
+
+
+@wrapt.when_imported("vllm.entrypoints.openai")
+def _openai(mod: Any) -> None:
+    import importlib
+    import importlib.util
+    import sys
+    import types
+
+    # Ray 2.49-2.50's vllm_models/vllm_engine import FrontendArgs from here (moved).
+    _alias("vllm.entrypoints.openai.cli_args", "vllm.entrypoints.launchers.cli_args")
+    name = "vllm.entrypoints.openai.protocol"
+    if name in sys.modules or importlib.util.find_spec(name):
+        return
+    protocol = types.ModuleType(name, "test-compat: the old protocol module, reassembled")
+
+    def module_getattr(attr: str) -> Any:
+        for home in _PROTOCOL_HOMES:
+            value = getattr(importlib.import_module(home), _PROTOCOL_RENAMES.get(attr, attr), None)
+            if value is not None:
+                return value
+        raise AttributeError(f"{name} has no attribute {attr!r}")
+
+    protocol.__getattr__ = module_getattr  # type: ignore[method-assign]
+    sys.modules[name] = protocol
+
+
+@wrapt.when_imported("vllm.transformers_utils")
+def _transformers_utils(mod: Any) -> None:
+    # Ray 2.49-2.50 preload the tokenizer with vllm.transformers_utils.tokenizer.get_tokenizer
+    # (moved), passing tokenizer_mode=None (now rejected; "auto" was the old default).
+    import importlib.util
+    import sys
+    import types
+
+    name = "vllm.transformers_utils.tokenizer"
+    if name in sys.modules or importlib.util.find_spec(name):
+        return
+    module = types.ModuleType(name, "test-compat alias")
+
+    def get_tokenizer(*args: Any, tokenizer_mode: Any = None, **kwargs: Any) -> Any:
+        from vllm.tokenizers.registry import get_tokenizer as real
+
+        return real(*args, tokenizer_mode=tokenizer_mode or "auto", **kwargs)
+
+    module.get_tokenizer = get_tokenizer  # type: ignore[attr-defined]
+    sys.modules[name] = module
