@@ -508,9 +508,11 @@ def uninstall() -> None:
 def status() -> dict[str, Any]:
     """What the shim did in *this* process (run it inside a Ray task to see a worker's)."""
     from . import __version__
+    from .serve import serve_plan
 
     with _state.lock:
         plan = _ray_plan()
+        serve = serve_plan()
         return {
             "version": __version__,
             "pid": os.getpid(),
@@ -521,4 +523,6 @@ def status() -> dict[str, Any]:
             "why": plan.why if plan else "Ray is not imported in this process yet",
             "patched": sorted({a.name for a in _state.applied}),
             "patches_applied": sorted({a.patch for a in _state.applied}),
+            "serve_plan": sorted(serve.patches) if serve else [],
+            "serve_why": serve.why if serve else None,
         }
