@@ -105,3 +105,4 @@ def matrix_ci(session: nox.Session) -> None:
     for v in VLLM_RELEASES:
         session.notify(f"vllm-{v}")
     session.notify("oracle")
+    session.notify("wrapt-1.14")
