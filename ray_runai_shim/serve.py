@@ -1,4 +1,4 @@
-"""Ray Serve LLM on Ray 2.45-2.50: the same narrowed download and handoff as the batch stage.
+"""Ray Serve LLM on Ray 2.45-2.51: the same narrowed download and handoff as the batch stage.
 
 Serve's node initialisation (``_initialize_local_node``, inside the replica)
 calls ``download_model_files(..., MODEL_AND_TOKENIZER)`` for a string URI and
@@ -24,9 +24,14 @@ two things:
 ContextVar set by the caller is not visible; a small lock-guarded map keyed by
 (model id, mirror URI) carries the decision across, for exactly that call.
 
-Not covered: pipeline parallelism > 1 (Ray downloads per node in ``ray.remote``
-tasks whose result it ignores; the shim leaves them alone), and Ray 2.51+ (see
-``support.SERVE_RANGES``).
+Ray 2.51 moved the download into ``initialize_remote_node``, a ``ray.remote`` task
+per placement-group node; its ``download_model_files`` call carries a ``callback``
+holding the LLMConfig, so the decision is read from there (no arming needed), and
+the handoff is the same wrapper on 2.51's ``serve/engines/vllm/vllm_models.py``.
+
+Not covered: pipeline parallelism > 1 on 2.45-2.50 (Ray downloads per node in
+``ray.remote`` tasks whose result it ignores; the shim leaves them alone), and
+2.52+ (see ``support.SERVE_RANGES``).
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ from .support import (
 SERVE_PACKAGE = "ray.llm._internal.serve"
 NODE_INIT = "ray.llm._internal.serve.deployments.utils.node_initialization_utils"
 VLLM_MODELS = "ray.llm._internal.serve.deployments.llm.vllm.vllm_models"
+REMOTE_NODE_INIT = "ray.llm._internal.serve.utils.node_initialization_utils"
+ENGINES_VLLM_MODELS = "ray.llm._internal.serve.engines.vllm.vllm_models"
 VLLM_ARG_UTILS = "vllm.engine.arg_utils"
 RUNTIME_ENV = "vllm-runtime-env"  # patch name: keep vLLM's ray.init working under the setup hook
 
@@ -209,6 +216,39 @@ def _download(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> An
     return local_dir
 
 
+def _remote_node_download(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Ray 2.51: ``initialize_remote_node`` (a ``ray.remote`` task per node) downloads with
+    a ``callback`` whose ``llm_config`` says what the engine will load."""
+    try:
+        params = _bind(wrapped, args, kwargs)
+        llm_config = getattr(params.get("callback"), "llm_config", None)
+        engine_config = llm_config.get_engine_config() if llm_config is not None else None
+        ctx = streaming_source(engine_config) if engine_config is not None else None
+        mode = params.get("download_model")
+        ours = (
+            ctx is not None
+            and getattr(mode, "name", None) == "MODEL_AND_TOKENIZER"
+            and params.get("model_id") == engine_config.actual_hf_model_id
+            and _bucket(params.get("mirror_config")) == _mirror_uri(engine_config)
+        )
+    except Exception:
+        logger.warning("ray-runai-shim: unexpected Serve download call; using Ray's", exc_info=True)
+        ours = False
+    if not ours:
+        return wrapped(*args, **kwargs)
+    from .requirements import check_loader_importable
+
+    check_loader_importable(ctx.model, ctx.load_format)
+    local_dir = narrowed_fetch(ctx)
+    if local_dir is None:
+        return wrapped(*args, **kwargs)
+    # Ray still runs the user's callback hook and fetches mirror extra_files, without the model.
+    wrapped(**{**params, "download_model": type(mode).NONE})
+    with _lock:
+        _fetched[local_dir] = ctx
+    return local_dir
+
+
 # --------------------------------------------------------------------------- handoff
 
 
@@ -315,6 +355,18 @@ def _on_node_init(mod: ModuleType) -> None:
     _wrap(SERVE_DOWNLOAD, mod, "download_model_files", _download)
 
 
+def _on_remote_node_init(mod: ModuleType) -> None:
+    if not _serve_wants(SERVE_DOWNLOAD):
+        return
+    if not callable(getattr(mod, "initialize_remote_node", None)) or not callable(
+        getattr(mod, "download_model_files", None)
+    ):
+        logger.warning("ray-runai-shim: Serve's node initialisation has an unexpected shape; not patching")
+        return
+    # Not initialize_remote_node itself: Ray pickles it into ray.remote by reference.
+    _wrap(SERVE_DOWNLOAD, mod, "download_model_files", _remote_node_download)
+
+
 def _on_vllm_models(mod: ModuleType) -> None:
     if not _serve_wants(SERVE_HANDOFF):
         return
@@ -338,4 +390,6 @@ HOOKS: tuple[tuple[str, Callable[[ModuleType], None]], ...] = (
     (SERVE_PACKAGE, _on_serve_package),
     (NODE_INIT, _on_node_init),
     (VLLM_MODELS, _on_vllm_models),
+    (REMOTE_NODE_INIT, _on_remote_node_init),  # 2.51
+    (ENGINES_VLLM_MODELS, _on_vllm_models),  # 2.51
 )

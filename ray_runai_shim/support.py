@@ -69,17 +69,10 @@ SERVE_RANGES: tuple[Range, ...] = (
     ),
     Range(
         (2, 45),
-        (2, 51),
+        (2, 52),
         frozenset({SERVE_DOWNLOAD, SERVE_HANDOFF}),
         "Serve LLM's node initialisation downloads the whole model (string URI or "
         "CloudMirrorConfig) and hands vLLM the local copy",
-    ),
-    Range(
-        (2, 51),
-        (2, 52),
-        frozenset(),
-        "Serve LLM downloads the whole model in initialize_remote_node (not covered by this "
-        "shim: use Ray >= 2.52 with a string URI)",
     ),
     Range(
         (2, 52),

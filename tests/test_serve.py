@@ -130,27 +130,32 @@ print(json.dumps(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)))
 
 #: Both ends of the patched range plus this venv's 2.48; each runs in its layered env
 #: (tests/matrix/ray_envs.py), no engine: Serve's own node initialisation against moto.
-SERVE_VERSIONS = ("2.45.0", "2.47.1", "2.48.0", "2.49.2", "2.50.1")
-CASES = [(v, "uri") for v in SERVE_VERSIONS] + [(v, "mirror") for v in ("2.45.0", "2.48.0", "2.50.1")]
+SERVE_VERSIONS = ("2.45.0", "2.47.1", "2.48.0", "2.49.2", "2.50.1", "2.51.2")
+CASES = [(v, "uri") for v in SERVE_VERSIONS] + [(v, "mirror") for v in ("2.45.0", "2.48.0", "2.51.2")]
 
 NODE_INIT = """
 import ray_runai_shim, asyncio, json, sys
 import ray
-from ray.llm._internal.serve.configs.server_models import LLMConfig
-import ray.llm._internal.serve.deployments.utils.node_initialization_utils as ni
+from ray.serve.llm import LLMConfig
 from ray.llm._internal.common.utils.download_utils import NodeModelDownloadable
 
+version = tuple(map(int, ray.__version__.split(".")[:2]))
 config = LLMConfig(model_loading_config={"model_id": "tiny", "model_source": json.loads(sys.argv[1])},
                    engine_kwargs={"load_format": "runai_streamer", "max_model_len": 128})
 engine_config = config.get_engine_config()
-# Ray's own call: 2.45-2.48 pass the engine config, 2.49-2.50 the LLMConfig.
-target = engine_config if tuple(map(int, ray.__version__.split(".")[:2])) < (2, 49) else config
+if version >= (2, 51):  # what each per-node ray.remote task runs (its callback makes a PG)
+    import ray.llm._internal.serve.utils.node_initialization_utils as ni
+    ray.init(num_cpus=2, include_dashboard=False)
+    ni.initialize_remote_node(config)
+else:  # Ray's own call: 2.45-2.48 pass the engine config, 2.49-2.50 the LLMConfig
+    import ray.llm._internal.serve.deployments.utils.node_initialization_utils as ni
+    target = engine_config if version < (2, 49) else config
 
-async def node_init():
-    await ni._initialize_local_node(target, download_model=NodeModelDownloadable.MODEL_AND_TOKENIZER,
-                                    download_extra_files=True)
+    async def node_init():
+        await ni._initialize_local_node(target, download_model=NodeModelDownloadable.MODEL_AND_TOKENIZER,
+                                        download_extra_files=True)
 
-asyncio.run(node_init())
+    asyncio.run(node_init())
 kwargs = engine_config.get_initialization_kwargs()
 print(json.dumps({"ray": ray.__version__, "hf_model_id": engine_config.actual_hf_model_id,
                   "model": kwargs.get("model"), "model_weights": kwargs.get("model_weights"),
@@ -199,6 +204,7 @@ def test_serve_node_init_fetches_only_non_weights_on_every_patched_ray(s3, model
         assert sandbox.weight_bytes_on_disk(model) == []
         assert not list((sandbox.root / "hf" / "hub").glob("models--*"))
         assert any(n.endswith("node_initialization_utils.download_model_files") for n in got["patched"])
+        assert any(n.endswith("VLLMEngineConfig.get_initialization_kwargs") for n in got["patched"])
     finally:
         shutil.rmtree(sandbox.root, ignore_errors=True)
 
