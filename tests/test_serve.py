@@ -126,6 +126,23 @@ print(json.dumps(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)))
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# --------------------------------------------------------------------------- the table
+
+
+@pytest.mark.parametrize(
+    "version, patched",
+    [("2.44.1", False), ("2.45.0", True), ("2.48.0", True), ("2.50.1", True), ("2.51.2", True),
+     ("2.52.1", False), ("2.56.1", False), ("2.57.1", False), ("2.58.1", False), ("2.60.0", False),
+     ("2.61.0", False)],
+)
+def test_serve_plan_per_ray_release(version, patched):
+    from ray_runai_shim.support import SERVE_DOWNLOAD, SERVE_HANDOFF, SERVE_RANGES, plan_for
+
+    plan = plan_for(version, SERVE_RANGES)
+    assert set(plan.patches) == ({SERVE_DOWNLOAD, SERVE_HANDOFF} if patched else set())
+    assert plan.why  # the one INFO line says why, patched or not
+
+
 # --------------------------------------------------------------------------- every patched Ray
 
 #: Both ends of the patched range plus this venv's 2.48; each runs in its layered env
