@@ -63,8 +63,9 @@ try:
 except ImportError:  # Ray 2.43 has no common download module
     download_utils = None
 status = ray_runai_shim.status()
-formats = getattr(download_utils, "STREAMING_LOAD_FORMATS", None)
-stage_formats = getattr(stage, "STREAMING_LOAD_FORMATS", None)
+formats = list(getattr(download_utils, "STREAMING_LOAD_FORMATS", None) or []) or None
+stage_formats = list(getattr(stage, "STREAMING_LOAD_FORMATS", None) or []) or None
+same_list = formats is not None and getattr(stage, "STREAMING_LOAD_FORMATS", None) is download_utils.STREAMING_LOAD_FORMATS
 originals = {{n: id(getattr(stage, n, None)) for n in ("download_model_files",)}}
 before = {{"udf": stage.vLLMEngineStageUDF.__dict__["__init__"], "engine": stage.vLLMEngineWrapper.__dict__["__init__"],
           "download": getattr(stage, "download_model_files", None), "init": ray.init}}
@@ -72,7 +73,7 @@ ray_runai_shim.uninstall()
 after = {{"udf": stage.vLLMEngineStageUDF.__dict__["__init__"], "engine": stage.vLLMEngineWrapper.__dict__["__init__"],
          "download": getattr(stage, "download_model_files", None), "init": ray.init}}
 print(json.dumps({{
-    "patched": status["patched"], "formats": formats, "stage_formats": stage_formats,
+    "patched": status["patched"], "formats": formats, "stage_formats": stage_formats, "same_list": same_list,
     "restored": {{k: type(after[k]).__name__ for k in after}},
     "formats_after_uninstall": getattr(download_utils, "STREAMING_LOAD_FORMATS", None),
 }}))
@@ -104,7 +105,7 @@ def test_runai_streamer_sharded_counts_as_streaming_in_place(probe):
         assert probe["formats"] is None  # Ray has no such list before 2.51
         return
     assert "runai_streamer_sharded" in probe["formats"]
-    assert probe["stage_formats"] == probe["formats"]  # the stage's alias is the same list
+    assert probe["same_list"] and probe["stage_formats"] == probe["formats"]  # edited in place, aliases see it
     VERDICT["streaming_formats"] = probe["formats"]
 
 

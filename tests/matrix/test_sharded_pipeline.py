@@ -47,7 +47,7 @@ def checkpoint(s3):
 
     root = Path(tempfile.mkdtemp(prefix="rrs-ss-", dir="/tmp"))
     env = make_sandbox(s3, root).env
-    local = CACHE / "tiny-sharded-state-v1"
+    local = CACHE / "tiny-sharded-state-v2"
     tokens = build_sharded_state(build_tiny_model(CACHE / "tiny-v1"), local, example_prompts(), env, sys.executable)
     shutil.rmtree(root, ignore_errors=True)
     upload_dir(s3.client(), local, BUCKET, PREFIX)

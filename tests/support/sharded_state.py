@@ -16,8 +16,6 @@ from pathlib import Path
 
 from .tiny_model import copy_nonweight_files
 
-PROMPTS_FILE = "reference-tokens.json"
-
 _SCRIPT = r"""
 import json, os, sys
 def main():
@@ -28,8 +26,38 @@ def main():
     tokens = {o.prompt: list(o.outputs[0].token_ids) for o in outs}
     os.makedirs(out, exist_ok=True)
     llm.llm_engine.engine_core.save_sharded_state(path=out, max_size=400_000)
+    add_linear_weights(src, out)
     with open(tokens_file, "w") as f:
         json.dump(tokens, f)
+
+
+def add_linear_weights(src, out):
+    # vLLM's CPU backend repacks linear layers after loading, so the state it saves lacks
+    # them; add them from the HF checkpoint under vLLM's fused names (qkv_proj, gate_up_proj).
+    import glob
+    import torch
+    from safetensors.torch import load_file, save_file
+    hf = {}
+    for f in glob.glob(os.path.join(src, "*.safetensors")):
+        hf.update(load_file(f))
+    saved = set()
+    parts = sorted(glob.glob(os.path.join(out, "model-rank-0-part-*.safetensors")))
+    for f in parts:
+        saved.update(load_file(f))
+    extra = {}
+    for name, t in hf.items():
+        if ".self_attn.q_proj." in name:
+            fused = name.replace("q_proj", "qkv_proj")
+            parts_ = [hf[name.replace("q_proj", p)] for p in ("q_proj", "k_proj", "v_proj")]
+            extra[fused] = torch.cat(parts_, 0)
+        elif ".mlp.gate_proj." in name:
+            extra[name.replace("gate_proj", "gate_up_proj")] = torch.cat([t, hf[name.replace("gate", "up")]], 0)
+        elif name.endswith(("o_proj.weight", "down_proj.weight")):
+            extra[name] = t
+    extra = {k: v.contiguous() for k, v in extra.items() if k not in saved}
+    save_file(extra, os.path.join(out, f"model-rank-0-part-{len(parts)}.safetensors"))
+
+
 if __name__ == "__main__":
     main()
 """
