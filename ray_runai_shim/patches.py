@@ -122,25 +122,27 @@ def _ray_plan() -> Optional[Plan]:
     return _state.plan
 
 
-def _announce(plan: Plan, detail: str = "") -> None:
+def _announce(plan: Plan) -> None:
+    """The one INFO line per job: what the shim does on this Ray, for Ray Data and Serve LLM."""
     if _state.announced:
         return
     _state.announced = True
     from . import __version__
+    from .serve import serve_plan
 
+    serve = serve_plan()
+    patches = sorted(plan.patches | (serve.patches if serve else frozenset()))
+    serve_why = f"; Serve LLM: {serve.why}" if serve is not None and serve.known else ""
     # Every Ray worker imports the shim; say it once per job (driver), quietly elsewhere.
     log = logger.debug if activation.in_ray_worker() else logger.info
-    if plan.patches:
-        log(
-            "ray-runai-shim %s: Ray %s: %s; patching %s%s",
-            __version__,
-            plan.ray_version,
-            plan.why,
-            ", ".join(sorted(plan.patches)),
-            detail,
-        )
-    else:
-        log("ray-runai-shim %s: Ray %s: %s; nothing to patch", __version__, plan.ray_version, plan.why)
+    log(
+        "ray-runai-shim %s: Ray %s: Ray Data: %s%s; %s",
+        __version__,
+        plan.ray_version,
+        plan.why,
+        serve_why,
+        f"patching {', '.join(patches)}" if patches else "nothing to patch",
+    )
 
 
 def _wants(patch: str) -> bool:

@@ -66,7 +66,6 @@ from .support import (
     plan_for,
 )
 
-SERVE_PACKAGE = "ray.llm._internal.serve"
 NODE_INIT = "ray.llm._internal.serve.deployments.utils.node_initialization_utils"
 VLLM_MODELS = "ray.llm._internal.serve.deployments.llm.vllm.vllm_models"
 REMOTE_NODE_INIT = "ray.llm._internal.serve.utils.node_initialization_utils"
@@ -79,7 +78,6 @@ _lock = threading.Lock()
 _armed: dict[tuple[Optional[str], Optional[str]], StageContext] = {}
 #: local dir -> the context that fetched it (for the one INFO line with sizes).
 _fetched: dict[str, StageContext] = {}
-_announced = False
 
 
 def serve_plan() -> Optional[Plan]:
@@ -327,23 +325,6 @@ def _engine_config(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) 
 # --------------------------------------------------------------------------- hooks
 
 
-def _on_serve_package(mod: ModuleType) -> None:
-    """One line per job saying what the shim does for Serve on this Ray."""
-    global _announced
-    plan = serve_plan()
-    if plan is None or _announced:
-        return
-    _announced = True
-    from . import activation
-
-    log = logger.debug if activation.in_ray_worker() else logger.info
-    if plan.patches:
-        log("ray-runai-shim: Ray %s Serve LLM: %s; patching %s", plan.ray_version, plan.why,
-            ", ".join(sorted(plan.patches)))
-    else:
-        log("ray-runai-shim: Ray %s Serve LLM: %s; nothing to patch", plan.ray_version, plan.why)
-
-
 def _on_node_init(mod: ModuleType) -> None:
     if not _serve_wants(SERVE_DOWNLOAD):
         return
@@ -387,7 +368,6 @@ def _on_vllm_arg_utils(mod: ModuleType) -> None:
 
 HOOKS: tuple[tuple[str, Callable[[ModuleType], None]], ...] = (
     (VLLM_ARG_UTILS, _on_vllm_arg_utils),
-    (SERVE_PACKAGE, _on_serve_package),
     (NODE_INIT, _on_node_init),
     (VLLM_MODELS, _on_vllm_models),
     (REMOTE_NODE_INIT, _on_remote_node_init),  # 2.51

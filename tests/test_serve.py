@@ -112,7 +112,7 @@ def test_one_info_line_per_replica_says_what_happened(runs, models):
     lines = [lines[0] for lines in per_process]
     assert all(f"streams weights from {models[MODEL].uri}" in ln for ln in lines)
     assert any("fetched 7 non-weight files" in ln for ln in lines)
-    assert "Ray 2.48.0 Serve LLM" in runs["shim"]["stderr"]  # the driver's plan line
+    assert "Ray 2.48.0: Ray Data: " in runs["shim"]["stderr"] and "; Serve LLM: " in runs["shim"]["stderr"]  # the one plan line
 
 
 def reference_completion(local: Path) -> str:

