@@ -111,12 +111,14 @@ def ray_table() -> str:
             rows.append(f"| {version} | not run | | | | | | |")
             continue
         v = json.loads(path.read_text())
-        junit = _junit(RESULTS / f"ray-{version}.xml")
+        release = _junit(RESULTS / f"ray-{version}.xml").get("test_ray_release")
+        e2e_runs = _junit(RESULTS / f"ray-{version}-e2e.xml")
+        e2e = e2e_runs.get("test_pipeline") or e2e_runs.get("test_sharded_pipeline")
         control = v.get("control") or {}
         rows.append(
             f"| {version} | {_alone(control.get(FORMATS[0]))} | {_alone(control.get(FORMATS[1]))} "
-            f"| {_patches(v)} | {_with_shim(v)} | {_serve(v)} | {_counts(junit.get('test_ray_release'))} "
-            f"| {_counts(junit.get('test_pipeline') or junit.get('test_sharded_pipeline'))} |"
+            f"| {_patches(v)} | {_with_shim(v)} | {_serve(v)} | {_counts(release)} "
+            f"| {_counts(e2e)} |"
         )
     return head + "\n".join(rows) + "\n"
 
