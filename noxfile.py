@@ -97,26 +97,20 @@ def compat_table(session: nox.Session) -> None:
     session.run(sys.executable, "tests/matrix/report.py", "--readme", "README.md")
 
 
+def _notify(session: nox.Session, releases: tuple[str, ...]) -> None:
+    for name in (*(f"ray-{v}" for v in releases), *(f"vllm-{v}" for v in VLLM_RELEASES), "oracle", "wrapt-1.14"):
+        session.notify(name)
+
+
 @nox.session(name="matrix")
 def matrix(session: nox.Session) -> None:
-    """Every release, every vLLM, the oracle; then the README table."""
-    for v in RAY_RELEASES:
-        session.notify(f"ray-{v}")
-    for v in VLLM_RELEASES:
-        session.notify(f"vllm-{v}")
-    session.notify("oracle")
-    session.notify("wrapt-1.14")
+    """Every release, every vLLM, the oracle, wrapt 1.14; then the README table."""
+    _notify(session, RAY_RELEASES)
     session.notify("compat-table")
 
 
 @nox.session(name="matrix-ci")
 def matrix_ci(session: nox.Session) -> None:
     """What CI runs on every submission: both ends of every patched row, the newest, the oracle."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
     os.environ[SKIP_BASE_E2E] = "1"
-    for v in RAY_CI:
-        session.notify(f"ray-{v}")
-    for v in VLLM_RELEASES:
-        session.notify(f"vllm-{v}")
-    session.notify("oracle")
-    session.notify("wrapt-1.14")
+    _notify(session, RAY_CI)
