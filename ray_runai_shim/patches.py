@@ -437,14 +437,14 @@ def _on_stage(mod: ModuleType) -> None:
     if udf is None or wrapper_cls is None:
         logger.warning("ray-runai-shim: Ray %s's vLLM stage has an unexpected shape; not patching", plan.ray_version)
         return
-    enum = getattr(mod, "NodeModelDownloadable", None)
-    ray_narrows = enum is not None and hasattr(enum, "EXCLUDE_SAFETENSORS")
-    ray_hands_uri = "STREAMING_LOAD_FORMATS" in vars(mod)
-    if ray_hands_uri:
+    if "STREAMING_LOAD_FORMATS" in vars(mod):  # this stage already hands vLLM the URI (2.51+)
         return
     _wrap(HANDOFF, udf, "__init__", _udf_init)
     _wrap(HANDOFF, wrapper_cls, "__init__", _engine_init)
-    if DOWNLOAD in plan.patches and not ray_narrows and callable(getattr(mod, "download_model_files", None)):
+    # Only a streaming stage's full (MODEL_AND_TOKENIZER) download is replaced: on 2.45-2.49
+    # that is every streaming format; 2.50 narrows runai_streamer/tensorizer itself
+    # (EXCLUDE_SAFETENSORS) but still copies a runai_streamer_sharded checkpoint whole.
+    if DOWNLOAD in plan.patches and callable(getattr(mod, "download_model_files", None)):
         _wrap(DOWNLOAD, mod, "download_model_files", _download)
 
 

@@ -45,8 +45,9 @@ RAY_RANGES: tuple[Range, ...] = (
     Range(
         (2, 50),
         (2, 51),
-        frozenset({HANDOFF, ACTIVATION}),
-        "the vLLM stage skips *.safetensors but still hands vLLM the local copy",
+        frozenset({DOWNLOAD, HANDOFF, ACTIVATION}),
+        "the vLLM stage skips *.safetensors for runai_streamer/tensorizer (runai_streamer_sharded: "
+        "the whole model) but still hands vLLM the local copy",
     ),
     Range(
         (2, 51),

@@ -23,7 +23,7 @@ from ray_runai_shim.support import (
         ("2.45.0", {DOWNLOAD, HANDOFF, ENDPOINT, ACTIVATION}),
         ("2.48.0", {DOWNLOAD, HANDOFF, ENDPOINT, ACTIVATION}),
         ("2.49.2", {DOWNLOAD, HANDOFF, ENDPOINT, ACTIVATION}),
-        ("2.50.1", {HANDOFF, ACTIVATION}),
+        ("2.50.1", {DOWNLOAD, HANDOFF, ACTIVATION}),
         ("2.51.2", {SHARDED_FORMAT, ACTIVATION}),
         ("2.52.0", set()),
         ("2.60.0", set()),
