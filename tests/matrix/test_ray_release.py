@@ -188,8 +188,7 @@ def construct(sandbox, model: str, fmt: str, shim: bool) -> tuple[dict, list]:
 def _route(call: dict, model, sandbox) -> str:
     if call["model"] == model.uri:
         return "vLLM gets the URI (Ray)"
-    shim_dirs = [str(d) for d in sandbox.shim_dirs()]
-    if call["model"] in shim_dirs:
+    if call["model_weights_on_config"] == model.uri:  # the shim's dir, or 2.50's own weightless one
         return "local non-weight dir + weights URI (shim)"
     return "local copy"
 
