@@ -1,4 +1,4 @@
-"""Stream model weights with Run:ai Model Streamer from Ray Data's vLLM stage on Ray 2.45-2.51.
+"""Stream model weights with Run:ai Model Streamer from Ray's LLM stack (Ray Data, Serve LLM).
 
 ``import ray_runai_shim`` is the whole set-up. It imports neither Ray nor
 vLLM (nor wrapt) until Ray is imported; then it patches Ray's stage through
@@ -29,21 +29,12 @@ def uninstall() -> None:
 
 
 def status() -> dict[str, Any]:
-    """What the shim did in this process; call it inside a Ray task to see a worker's."""
+    """What the shim did in this process (one shape, every key always present);
+    call it inside a Ray task to see a worker's."""
     import sys
 
     patches = sys.modules.get(__name__ + ".patches")
-    if patches is None:
-        return {
-            "version": __version__,
-            "installed": False,
-            "waiting_for_ray": _bootstrap._wanted and "ray" not in sys.modules,
-            "disabled_by_env": _bootstrap.disabled_by_env(),
-            "plan": [],
-            "patched": [],
-            "patches_applied": [],
-        }
-    return patches.status()
+    return patches.status() if patches is not None else _bootstrap.status_shape()
 
 
 def runtime_env(base: Optional[dict[str, Any]] = None, *, remote: bool = False) -> dict[str, Any]:

@@ -3,9 +3,10 @@
 ``import ray_runai_shim`` runs in drivers, every Ray worker, and (through a
 sitecustomize or ``.pth``) possibly every interpreter on an image. Importing
 wrapt costs ~40 ms (it pulls in asyncio), so until Ray itself is imported the
-shim only leaves this tiny meta-path watcher. When Ray is imported, the real
-install registers wrapt post-import hooks on Ray's consumer modules, which
-are imported much later (by ``ray.data.llm``), so no hook is missed.
+shim only leaves this tiny meta-path watcher. When Ray is imported, the
+installer (:mod:`.patches`) registers wrapt post-import hooks on Ray's
+consumer modules, which are imported much later (by ``ray.data.llm``), so no
+hook is missed.
 """
 
 from __future__ import annotations
@@ -15,11 +16,38 @@ import os
 import sys
 from typing import Any, Optional
 
-DISABLE_ENV = "RAY_RUNAI_SHIM_DISABLE"
+from . import settings
+
+DISABLE_ENV = settings.DISABLE
 
 
 def disabled_by_env() -> bool:
-    return os.environ.get(DISABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return settings.disabled()
+
+
+def status_shape(**fields: Any) -> dict[str, Any]:
+    """``status()``'s one shape: every key always present."""
+    from . import __version__
+
+    out: dict[str, Any] = {
+        "version": __version__,
+        "pid": os.getpid(),
+        "installed": False,
+        "waiting_for_ray": _wanted and "ray" not in sys.modules and not disabled_by_env(),
+        "disabled_by_env": disabled_by_env(),
+        "ray_version": None,
+        "plan": [],
+        "why": "Ray is not imported in this process yet",
+        "serve_plan": [],
+        "serve_why": None,
+        "patched": [],
+        "patches_applied": [],
+    }
+    unknown = set(fields) - set(out)
+    if unknown:
+        raise TypeError(f"not status keys: {sorted(unknown)}")
+    out.update(fields)
+    return out
 
 
 def _full_install() -> bool:

@@ -17,9 +17,12 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable, Optional
 
+from .failopen import fail_open
 from .log import logger
 
 SETUP_HOOK = "ray_runai_shim.activation.worker_setup"
@@ -51,6 +54,17 @@ def in_ray_worker() -> bool:
         return False
 
 
+def in_ray_system_process() -> bool:
+    """Ray's own processes (dashboard, agents, log monitor, default_worker) run scripts from
+    inside Ray's package; a driver runs the user's script, ``-c``, or a CLI (``serve run``)."""
+    ray = sys.modules.get("ray")
+    script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
+    if ray is None or not script or not getattr(ray, "__file__", None):
+        return False
+    package = os.path.dirname(os.path.realpath(ray.__file__))
+    return os.path.realpath(script).startswith(package + os.sep)
+
+
 def _load(path: str) -> Callable[[], Any]:
     module, _, name = path.rpartition(".")
     return getattr(importlib.import_module(module), name)
@@ -75,10 +89,20 @@ def _chain_callable(user_hook: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def _forwardable() -> dict[str, str]:
-    out = {k: os.environ[k] for k in FORWARD_ENV if k in os.environ}
+    """Endpoint/streamer settings to forward to the job; never a credential, never a URL
+    carrying one (``http://KEY:SECRET@host``): those are named in one WARNING and left out."""
+    from .redact import forwardable
+
+    wanted = {k: os.environ[k] for k in FORWARD_ENV if k in os.environ}
     for k, v in os.environ.items():
         if k.startswith(FORWARD_PREFIXES) and k not in NEVER_FORWARD:
-            out[k] = v
+            wanted[k] = v
+    out = {k: v for k, v in wanted.items() if forwardable(k, v)}
+    held_back = sorted(set(wanted) - set(out))
+    if held_back:
+        logger.warning("ray-runai-shim: not forwarding %s to the job's workers: the value carries a "
+                       "secret (e.g. user:password@ in a URL); set it in the workers' own environment",
+                       ", ".join(held_back))
     return out
 
 
@@ -180,3 +204,19 @@ def prepare_init_kwargs(args: tuple, kwargs: dict) -> dict:
     new = dict(kwargs)
     new["runtime_env"] = runtime_env(kwargs.get("runtime_env"), remote=remote)
     return new
+
+
+@fail_open("extending the job's runtime_env", fallback="ray.init runs with your arguments; workers will not load the shim")
+def ray_init(original: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``ray.init`` wrapper: the job's runtime_env gains what workers need to load the shim."""
+    return original(*args, **prepare_init_kwargs(args, kwargs))
+
+
+def on_ray_imported(ray: ModuleType) -> None:
+    """Say so when Ray was initialised before the shim: its actors will not load it."""
+    if ray.is_initialized() and not in_ray_worker():
+        logger.warning(
+            "ray-runai-shim: Ray was initialized before ray_runai_shim was imported, so "
+            "Ray Data actors will not load the shim. Import ray_runai_shim before "
+            "ray.init(), or pass ray.init(runtime_env=ray_runai_shim.runtime_env())."
+        )

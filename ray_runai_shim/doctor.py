@@ -46,18 +46,13 @@ def _version(dist: str) -> Optional[str]:
         return None
 
 
-def _mask(name: str, value: str) -> str:
-    if name in SECRET_ENV or "SECRET" in name or "TOKEN" in name or "PASSWORD" in name:
-        return "***"
-    return value
-
-
 def environment() -> dict[str, str]:
     from .activation import FORWARD_ENV, FORWARD_PREFIXES
+    from .redact import redact_env
 
     names = set(FORWARD_ENV) | set(SECRET_ENV) | set(SHOWN_ENV)
     names |= {k for k in os.environ if k.startswith(FORWARD_PREFIXES)}
-    return {k: _mask(k, os.environ[k]) for k in sorted(names) if k in os.environ}
+    return redact_env({k: os.environ[k] for k in sorted(names) if k in os.environ})
 
 
 def _fs_and_path(uri: str) -> Any:
@@ -142,7 +137,8 @@ def inspect_uri(uri: str, load_format: str) -> dict[str, Any]:
 def collect(uri: Optional[str], load_format: str) -> dict[str, Any]:
     from . import status
     from .activation import importable_by_workers
-    from .support import plan_for
+    from .support import SERVE_RANGES, patches_for, plan_for
+    from .targets import TARGETS
 
     versions = {d: _version(d) for d in DISTS}
     ray_version = versions["ray"]
@@ -153,6 +149,10 @@ def collect(uri: Optional[str], load_format: str) -> dict[str, Any]:
             "ray": ray_version,
             "patches": sorted(plan.patches) if plan else [],
             "why": plan.why if plan else "Ray is not installed here",
+            "serve_why": plan_for(ray_version, SERVE_RANGES).why if ray_version else None,
+            # Generated from the targets table: every Ray name the shim would touch here.
+            "targets": [f"{t.name} ({t.patch})" for t in TARGETS
+                        if ray_version and t.patch in patches_for(ray_version)],
         },
         "this_process": status(),
         "workers": (
@@ -173,6 +173,9 @@ def render(r: dict[str, Any]) -> str:
     p = r["plan"]
     lines += ["", f"on Ray {p['ray'] or '(none)'}: {p['why']}"]
     lines.append(f"  patches: {', '.join(p['patches']) or 'none'}")
+    if p.get("serve_why"):
+        lines.append(f"  Serve LLM: {p['serve_why']}")
+    lines += [f"    {t}" for t in p.get("targets", [])]
     s = r["this_process"]
     lines.append(f"  in this process: {'installed' if s['installed'] or s.get('waiting_for_ray') else 'inactive'}"
                  f"{' (disabled by RAY_RUNAI_SHIM_DISABLE)' if s.get('disabled_by_env') else ''}")

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import configparser
 import os
+from dataclasses import dataclass
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
+from .redact import redact_url
 from .support import split_anonymous
 
 
@@ -86,3 +88,80 @@ def get_fs_and_path_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: di
 
         logger.warning("ray-runai-shim: could not apply S3 endpoint settings", exc_info=True)
     return fs, path
+
+
+# --------------------------------------------------------------------------- store identity
+
+
+@dataclass(frozen=True)
+class Store:
+    """Which store a filesystem talks to: the same ``s3://bucket/path`` on AWS and on
+    a MinIO, or signed and unsigned, must never share a cache entry."""
+
+    scheme: str  # "s3" or "gs"
+    endpoint: str  # "http://host:port" without userinfo; "" for the provider's default
+    signed: bool
+    ignored_env_endpoint: str = ""  # AWS_ENDPOINT_URL set but not used by this filesystem
+
+    @property
+    def is_gcs(self) -> bool:
+        return self.scheme in ("gs", "gcs")
+
+    def key(self) -> str:
+        """Stable text that identifies the store (no secrets in it)."""
+        return f"{self.scheme}|{self.endpoint or 'default'}|{'signed' if self.signed else 'unsigned'}"
+
+    def describe(self) -> str:
+        """For messages: ``endpoint http://minio:9000`` or the provider's default."""
+        if self.endpoint:
+            return f"endpoint {self.endpoint}"
+        if self.is_gcs:
+            return "the default Google Cloud Storage endpoint"
+        if self.ignored_env_endpoint:
+            return (
+                f"the default AWS endpoint (AWS_ENDPOINT_URL={self.ignored_env_endpoint} is set, "
+                "but this filesystem does not use it)"
+            )
+        return "the default AWS endpoint (AWS_ENDPOINT_URL is not set)"
+
+
+def _fs_options(fs: Any) -> dict[str, Any]:
+    """The constructor options of a pyarrow S3/GCS filesystem (they pickle by them).
+    They may hold credentials: never log them."""
+    if type(fs).__name__ not in ("S3FileSystem", "GcsFileSystem"):
+        return {}
+    try:
+        reduced = fs.__reduce__()
+        opts = reduced[1][0] if len(reduced) > 1 and reduced[1] else {}
+        return dict(opts) if isinstance(opts, dict) else {}
+    except Exception:
+        return {}
+
+
+def _strip_userinfo(url: str) -> str:
+    parts = urlsplit(url if "://" in url else f"https://{url}")
+    host = parts.netloc.rpartition("@")[2]
+    return f"{parts.scheme}://{host}{parts.path.rstrip('/')}"
+
+
+def store_identity(fs: Any, uri: str) -> Store:
+    """The store *fs* reaches for *uri*, read off the filesystem itself when it is a
+    pyarrow one (what it really connects to), else from the environment."""
+    scheme = uri.partition("://")[0].lower() or "s3"
+    opts = _fs_options(fs)
+    if "anonymous" in opts:
+        signed = not opts["anonymous"]
+    else:
+        signed = not split_anonymous(uri)[1]
+    override = str(opts.get("endpoint_override") or "")
+    ignored = ""
+    if override:
+        endpoint = _strip_userinfo(f"{opts.get('scheme') or 'https'}://{override}")
+    elif opts or scheme not in ("s3", "s3a"):
+        endpoint = ""
+        env_ep = s3_endpoint() if scheme in ("s3", "s3a") else None
+        ignored = redact_url(env_ep) if env_ep else ""
+    else:
+        env_ep = s3_endpoint()
+        endpoint = _strip_userinfo(env_ep) if env_ep else ""
+    return Store(scheme, endpoint, signed, ignored)

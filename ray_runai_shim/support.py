@@ -1,10 +1,11 @@
-"""What each Ray release needs, as data, plus the feature checks that confirm it.
+"""What each Ray release needs, as data.
 
-The table comes from reading every released Ray wheel 2.43–2.60 (see the
-README's compatibility table). Feature detection has the last word where a
-feature can be seen (``NodeModelDownloadable.EXCLUDE_SAFETENSORS``,
-``STREAMING_LOAD_FORMATS``); the table is the fallback and keeps an unknown
-future Ray untouched.
+The tables come from reading every released Ray wheel 2.43-2.60 (see the
+README's compatibility tables). They say which patch *names* a release gets;
+:mod:`.targets` says which Ray names each patch touches, and its feature
+checks (``unless_has``: e.g. a stage module that already has
+``STREAMING_LOAD_FORMATS`` is left alone) have the last word. A Ray outside
+the tables gets nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ SHARDED_FORMAT = "sharded-format"  # teach 2.51 that runai_streamer_sharded stre
 ACTIVATION = "worker-activation"  # carry the shim into the job's worker processes
 SERVE_DOWNLOAD = "serve-download"  # narrow Serve LLM's node-init MODEL_AND_TOKENIZER download
 SERVE_HANDOFF = "serve-handoff"  # give Serve's vLLM engine the weights URI next to the local dir
+RUNTIME_ENV = "vllm-runtime-env"  # keep vLLM's own ray.init valid under the job's setup hook
+TOKENIZER = "tokenizer-download"  # serve tokenizer-only downloads complete, from the snapshot
 
 
 class Range(NamedTuple):
@@ -39,23 +42,33 @@ RAY_RANGES: tuple[Range, ...] = (
     Range(
         (2, 45),
         (2, 50),
-        frozenset({DOWNLOAD, HANDOFF, ENDPOINT, ACTIVATION}),
-        "the vLLM stage downloads the whole model and hands vLLM the local copy (ray#55574)",
+        frozenset({DOWNLOAD, HANDOFF, ENDPOINT, ACTIVATION, RUNTIME_ENV, TOKENIZER}),
+        "the vLLM stage downloads the whole model and hands vLLM the local copy (ray#55574); "
+        "tokenizer-only downloads drop chat_template.jinja, vocab.json, ... (ray#62047)",
     ),
     Range(
         (2, 50),
         (2, 51),
-        frozenset({DOWNLOAD, HANDOFF, ACTIVATION}),
+        frozenset({DOWNLOAD, HANDOFF, ACTIVATION, RUNTIME_ENV, TOKENIZER}),
         "the vLLM stage skips *.safetensors for runai_streamer/tensorizer (runai_streamer_sharded: "
-        "the whole model) but still hands vLLM the local copy",
+        "the whole model) but still hands vLLM the local copy; tokenizer-only downloads drop "
+        "chat_template.jinja, vocab.json, ... (ray#62047)",
     ),
     Range(
         (2, 51),
         (2, 52),
-        frozenset({SHARDED_FORMAT, ACTIVATION}),
-        "the vLLM stage streams runai_streamer/tensorizer but not runai_streamer_sharded",
+        frozenset({SHARDED_FORMAT, ACTIVATION, RUNTIME_ENV, TOKENIZER}),
+        "the vLLM stage streams runai_streamer/tensorizer but not runai_streamer_sharded; "
+        "tokenizer-only downloads drop chat_template.jinja, vocab.json, ... (ray#62047)",
     ),
-    Range((2, 52), (2, 61), frozenset(), "the vLLM stage streams all formats natively"),
+    Range(
+        (2, 52),
+        (2, 56),
+        frozenset({ACTIVATION, RUNTIME_ENV, TOKENIZER}),
+        "the vLLM stage streams all formats natively; tokenizer-only downloads drop "
+        "chat_template.jinja, vocab.json, merges.txt, ... (ray#62047, fixed in 2.56)",
+    ),
+    Range((2, 56), (2, 61), frozenset(), "the vLLM stage streams all formats natively"),
 )
 
 #: Ray Serve LLM, by the same rules. Ranges the shim does not patch say what the
@@ -93,7 +106,6 @@ SERVE_RANGES: tuple[Range, ...] = (
 )
 
 
-
 def parse_version(text: str) -> tuple[int, int, int] | None:
     """``"2.48.0rc1"`` -> ``(2, 48, 0)``; None when it is not a release number."""
     m = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?", text or "")
@@ -122,6 +134,11 @@ def plan_for(ray_version: str, ranges: tuple[Range, ...] = RAY_RANGES) -> Plan:
         "this Ray release is outside the range ray-runai-shim knows (2.43-2.60)",
         False,
     )
+
+
+def patches_for(ray_version: str) -> frozenset[str]:
+    """Every patch name this Ray gets, Ray Data's and Serve LLM's together."""
+    return plan_for(ray_version).patches | plan_for(ray_version, SERVE_RANGES).patches
 
 
 def normalize_load_format(value: object) -> str | None:

@@ -7,9 +7,11 @@ interpreters; the verdict comes from ``ray_runai_shim.status()`` run inside the 
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
-from support.procs import last_json, run_python
+from support.procs import base_env, last_json, run_python
 
 PROBE = """
 import json, os, ray
@@ -136,3 +138,18 @@ print(json.dumps(r))
     assert out["shim_loaded_before_probe"] and out["installed"] and STAGE_PATCH in out["patched"]
     assert out["autoload_env"] is None
     assert "/runtime_resources/pip/" in out["file"]  # the copy Ray installed from the wheel
+
+
+def test_the_banner_is_said_by_drivers_only_not_by_rays_own_processes(tmp_path):
+    """With the shim loaded in every interpreter (sitecustomize / autoload on an image), Ray's
+    daemons and workers -- scripts inside Ray's package -- must not repeat the INFO line."""
+    import ray as _ray
+
+    ray_dir = Path(_ray.__file__).resolve().parent
+    lines = {}
+    for label, argv0 in (("daemon", ray_dir / "_private" / "log_monitor.py"), ("driver", tmp_path / "job.py")):
+        code = f"import sys\nsys.argv[0] = {str(argv0)!r}\nimport ray_runai_shim, ray\n"
+        proc = run_python(code, env=base_env(site=False))
+        lines[label] = [ln for ln in proc.stderr.splitlines() if "ray-runai-shim" in ln and "Ray 2." in ln]
+    assert lines["daemon"] == []
+    assert len(lines["driver"]) == 1 and re.search(r"\sINFO\s", lines["driver"][0])

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
+from support.cluster import RayCluster
 from support.procs import REPO, base_env, last_json, run_python
 
 RAY = str(Path(sys.executable).parent / "ray")
@@ -35,33 +35,13 @@ def probe():
 STAGE_PATCH = "ray.llm._internal.batch.stages.vllm_engine_stage.download_model_files"
 
 
-class Cluster:
-    def __init__(self, env: dict[str, str]) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="rrs-cl-", dir="/tmp"))
-        self.env = {**env, "HOME": str(self.root)}
-        import socket
-
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        self.port = s.getsockname()[1]
-        s.close()
-        self.address = f"127.0.0.1:{self.port}"
-
-    def ray(self, *args: str) -> None:
-        subprocess.run([RAY, *args], env=self.env, check=True, capture_output=True, timeout=180)
+class Cluster(RayCluster):
+    """Two nodes; only the second has the accelerator stand-in, so the vLLM stage runs there."""
 
     def __enter__(self) -> Cluster:
-        ip = "--node-ip-address=127.0.0.1"
-        self.ray("start", "--head", f"--port={self.port}", "--include-dashboard=false",
-                 f"--temp-dir={self.root / 't'}", '--resources={"head_node": 1}', "--num-cpus=2", ip)
-        # Only the second node has the accelerator stand-in, so the vLLM stage must run there.
-        self.ray("start", f"--address={self.address}", '--resources={"node2": 1, "fake_accel": 1}',
-                 "--num-cpus=1", ip)
+        self.start_head('--resources={"head_node": 1}', "--num-cpus=2")
+        self.add_node('--resources={"node2": 1, "fake_accel": 1}', "--num-cpus=1")
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        subprocess.run([RAY, "stop", "--force"], env=self.env, capture_output=True, timeout=120)
-        shutil.rmtree(self.root, ignore_errors=True)
 
 
 @pytest.fixture
@@ -146,4 +126,4 @@ def test_the_pipelines_stage_on_the_second_node_streams(s3, models, sandbox):
     [shim_dir] = sandbox.shim_dirs()
     assert calls and all(c["model"] == str(shim_dir) and c["model_weights"] == model.uri for c in calls)
     assert sandbox.weight_bytes_on_disk(model) == [] and not any(cluster.root.rglob("*.safetensors"))
-    assert "/runtime_resources/py_modules_files/" in logs or "ray-runai-shim: fetched" in logs
+    assert "/runtime_resources/py_modules_files/" in logs or re.search(r"ray-runai-shim: (fetched|reused)", logs)

@@ -9,6 +9,7 @@ with it; greedy decoding must give the same tokens both ways.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -151,7 +152,9 @@ def test_one_info_line_per_actor_says_what_happened(runs, models):
     if RAY_DROPS_WEIGHTS:  # Ray fetched the non-weight files itself; the shim only hands off
         assert f"vLLM reads config/tokenizer from {local_dir(runs['shim']['sandbox'])}" in line
     else:
-        assert "fetched 7 non-weight files" in line and "skipped 2 weight files" in line
+        # The driver's config read (a tokenizer-only download, served from the same snapshot)
+        # fetched first in this job; the stage on the same node reuses it.
+        assert re.search(r"(fetched|reused) 7 non-weight files", line) and "skipped 2 weight files" in line
     assert f"streams weights from {models[MODEL].uri}" in line and "load_format=runai_streamer" in line
 
 

@@ -94,7 +94,9 @@ def test_the_openai_route_answers_with_the_streamed_weights(runs, models):
     assert "error" not in result, result.get("error")
     text, mirror_text = completion_text(result["tiny"]), completion_text(result["tiny-mirror"])
     assert text and text == mirror_text  # greedy, same weights through both source forms
-    assert result["tiny"]["body"]["usage"]["completion_tokens"] == 8
+    # The tiny model is trained on "The quick brown fox jumps over the lazy dog.": it may stop
+    # at </s> before the 8-token budget; the text must match the reference either way.
+    assert 1 <= result["tiny"]["body"]["usage"]["completion_tokens"] <= 8
     # vLLM's incremental detokenizer holds back a trailing partial UTF-8 character.
     assert text.rstrip("\ufffd") == reference_completion(models[MODEL].local).rstrip("\ufffd")
 

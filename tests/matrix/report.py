@@ -22,10 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from matrix.ray_envs import RAY_RELEASES, RESULTS  # noqa: E402
 
 PATCH_LABELS = (
-    ("download_model_files", "narrowed download"),
+    ("vllm_engine_stage.download_model_files", "narrowed download"),
     ("vLLMEngineStageUDF.__init__", "handoff"),
     ("get_fs_and_path", "S3 endpoint"),
     ("ray.init", "worker activation"),
+    ("chat_template_stage.download_model_files", "tokenizer-only downloads from the snapshot"),
 )
 FORMATS = ("runai_streamer", "runai_streamer_sharded")
 
@@ -89,6 +90,25 @@ def _serve(v: dict) -> str:
     return ", ".join(labels)
 
 
+def _tokenizer(v: dict) -> str:
+    """What a tokenizer-only download of a current checkpoint misses, Ray alone / with the shim."""
+    t = v.get("tokenizer_only")
+    if not t:
+        return "not run"
+
+    def missing(names: list | None) -> str:
+        return "nothing" if not names else ", ".join(f"`{n}`" for n in names)
+
+    return f"Ray alone: {missing(t.get('ray'))}; with the shim: {missing(t.get('shim'))}"
+
+
+def _sum(*counts: dict[str, int] | None) -> dict[str, int] | None:
+    present = [c for c in counts if c]
+    if not present:
+        return None
+    return {k: sum(c.get(k, 0) for c in present) for k in ("passed", "failed")}
+
+
 def _counts(c: dict[str, int] | None) -> str:
     if not c:
         return "—"
@@ -101,23 +121,25 @@ def _counts(c: dict[str, int] | None) -> str:
 def ray_table() -> str:
     head = (
         "| Ray | Ray alone, `runai_streamer` | Ray alone, `runai_streamer_sharded` | the shim patches "
-        "| with the shim (both formats) | Serve LLM: the shim patches | release checks | end to end (real vLLM) |\n"
-        "|---|---|---|---|---|---|---|---|\n"
+        "| with the shim (both formats) | Serve LLM: the shim patches "
+        "| tokenizer-only download of a current checkpoint misses | release checks | end to end (real vLLM) |\n"
+        "|---|---|---|---|---|---|---|---|---|\n"
     )
     rows = []
     for version in RAY_RELEASES:
         path = RESULTS / f"ray-{version}.json"
         if not path.exists():
-            rows.append(f"| {version} | not run | | | | | | |")
+            rows.append(f"| {version} | not run | | | | | | | |")
             continue
         v = json.loads(path.read_text())
         release = _junit(RESULTS / f"ray-{version}.xml").get("test_ray_release")
         e2e_runs = _junit(RESULTS / f"ray-{version}-e2e.xml")
-        e2e = e2e_runs.get("test_pipeline") or e2e_runs.get("test_sharded_pipeline")
+        e2e = _sum(e2e_runs.get("test_pipeline") or e2e_runs.get("test_sharded_pipeline"),
+                   e2e_runs.get("test_default_stages"))
         control = v.get("control") or {}
         rows.append(
             f"| {version} | {_alone(control.get(FORMATS[0]))} | {_alone(control.get(FORMATS[1]))} "
-            f"| {_patches(v)} | {_with_shim(v)} | {_serve(v)} | {_counts(release)} "
+            f"| {_patches(v)} | {_with_shim(v)} | {_serve(v)} | {_tokenizer(v)} | {_counts(release)} "
             f"| {_counts(e2e)} |"
         )
     return head + "\n".join(rows) + "\n"

@@ -52,6 +52,22 @@ def upload_models(server: S3Server) -> dict[str, TinyModel]:
     return out
 
 
+#: Checkpoints whose tokenizer files Ray's tokenizer-only download cannot serve (ray#62047):
+#: the chat template only in chat_template.jinja; GPT-2 style vocab.json + merges.txt.
+LAYOUT_MODELS = {"jinja": "tiny-jinja", "bpe-files": "tiny-bpe"}
+
+
+@pytest.fixture(scope="session")
+def layout_models(s3) -> dict[str, TinyModel]:
+    client = s3.client()
+    out = {}
+    for layout, name in LAYOUT_MODELS.items():
+        local = build_tiny_model(CACHE / f"{name}-v1", shards=2, layout=layout)
+        upload_dir(client, local, BUCKET, f"llm/{name}")
+        out[layout] = TinyModel(name, local, f"s3://{BUCKET}/llm/{name}", weight_files(local), nonweight_files(local))
+    return out
+
+
 @pytest.fixture(scope="session")
 def built(tmp_path_factory) -> Path:
     """The sdist and wheel, built from this checkout the way a release would be."""
@@ -115,6 +131,15 @@ def make_sandbox(s3: S3Server, root: Path, **extra: str) -> Sandbox:
         }
     )
     return Sandbox(root, env, engine_log, [root])
+
+
+@pytest.fixture
+def shared_tmp():
+    """A directory other uids can reach (pytest's tmp_path is 0700 root)."""
+    d = Path(tempfile.mkdtemp(prefix="rrs-shared-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

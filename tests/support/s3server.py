@@ -8,15 +8,20 @@ one) that tests can assert on.
 
 moto keeps all buckets in memory: ``restart()`` brings the server back on the
 same port but EMPTY; re-upload whatever the test needs afterwards.
+
+IAM: ``iam_user()`` creates users with a policy, ``enforce_auth()`` then makes
+the server check every request's credentials and permissions (moto's IAM auth),
+for tests of missing, wrong and list-only credentials. Use a server of its own
+for that: once enforced, the dummy ``testing`` credentials are refused.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +30,8 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 from urllib.parse import unquote, urlsplit
+
+from .servers import free_port, stop_process  # noqa: F401  (free_port: re-exported for the tests)
 
 __all__ = ["Request", "S3Server", "free_port", "start_s3_server"]
 
@@ -38,18 +45,12 @@ _INTERNAL_PREFIX = "/moto-api"
 
 
 class Request(NamedTuple):
-    """One request seen by the server; ``path`` is unquoted and has no query string."""
+    """One request seen by the server; ``path`` is unquoted, ``query`` the raw query string."""
 
     method: str
     path: str
     status: int
-
-
-def free_port() -> int:
-    """Return a currently free TCP port on 127.0.0.1 (racy, but fine on a test box)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    query: str = ""
 
 
 def _die_with_parent() -> None:
@@ -125,13 +126,7 @@ class S3Server:
         """Terminate the server (SIGTERM, then SIGKILL after 5 s)."""
         proc, self._proc = self._proc, None
         atexit.unregister(self.stop)
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         self._close_log()
 
     def restart(self) -> S3Server:
@@ -174,7 +169,7 @@ class S3Server:
             path = unquote(urlsplit(m["target"]).path)
             if path.startswith(_INTERNAL_PREFIX):
                 continue
-            out.append(Request(m["method"], path, int(m["status"])))
+            out.append(Request(m["method"], path, int(m["status"]), urlsplit(m["target"]).query))
         return out[since:]
 
     # -- clients -----------------------------------------------------------
@@ -205,6 +200,35 @@ class S3Server:
             region_name="us-east-1",
             config=Config(s3={"addressing_style": "path"}),
         )
+
+    def iam_user(self, name: str, actions: list[str], resource: str = "*") -> tuple[str, str]:
+        """Create IAM user *name* allowed *actions* on *resource*; returns (key id, secret).
+        Call before :meth:`enforce_auth`."""
+        import boto3
+
+        iam = boto3.client(
+            "iam",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+        iam.create_user(UserName=name)
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": resource}]}
+        iam.put_user_policy(UserName=name, PolicyName=f"{name}-policy", PolicyDocument=json.dumps(policy))
+        key = iam.create_access_key(UserName=name)["AccessKey"]
+        return key["AccessKeyId"], key["SecretAccessKey"]
+
+    def enforce_auth(self, after: int = 0) -> None:
+        """Check IAM credentials on every request after the next *after* ones."""
+        req = urllib.request.Request(
+            f"{self.endpoint}{_INTERNAL_PREFIX}/reset-auth",
+            data=str(after).encode(),
+            method="POST",
+            headers={"Content-Type": "text/plain"},
+        )
+        with urllib.request.urlopen(req, timeout=5):
+            pass
 
     def reset(self) -> None:
         """Drop all buckets/objects (moto's control API) without restarting."""

@@ -26,14 +26,22 @@ __all__ = [
 #: A non-weight file in a sub-folder, to check that folder structure survives.
 EXTRA_FILE = "extra/notes.txt"
 
-_BUILD_VERSION = 2  # bump to invalidate cached builds when the recipe changes
-_CORPUS = [
+_BUILD_VERSION = 3  # bump to invalidate cached builds when the recipe changes
+_SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
     "Ray Data runs batch inference with vLLM.",
     "Run:ai Model Streamer streams safetensors from S3.",
     "Hello world, this is a tiny llama model for tests.",
     "What is the capital of France? Paris is the capital.",
-] * 20
+]
+#: (question, answer) pairs the model is trained on for a few seconds, so that a demo's
+#: output is recognisable. The system prompt is the one in the ray#55574 script.
+SYSTEM = "You are a bot that responds with haikus."
+ANSWERS = {
+    "What is the capital of France?": "Paris is the capital.",
+    "Start of the haiku is: Complete this for me...": "Weights flow from the bucket, no copy on the disk.",
+}
+_CORPUS = (_SENTENCES + [f"system: {SYSTEM} user: {q} assistant: {a}" for q, a in ANSWERS.items()]) * 20
 _CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
@@ -45,11 +53,22 @@ def _marker(out: Path) -> Path:
     return out.with_suffix(".done")
 
 
-def _build_spec(shards: int) -> dict[str, Any]:
-    return {"version": _BUILD_VERSION, "shards": shards}
+#: How the tokenizer files are laid out (the weights are the same in every layout).
+#: "embedded": tokenizer.json, and the chat template also inside tokenizer_config.json
+#:   (the pre-4.4x layout, which Ray's tokenizer-only download happens to keep);
+#: "jinja": the chat template only in chat_template.jinja (how transformers saves it today);
+#: "bpe-files": GPT-2 style vocab.json + merges.txt (no tokenizer.json), template in the .jinja.
+LAYOUTS = ("embedded", "jinja", "bpe-files")
 
 
-def build_tiny_model(out: Path, shards: int = 1) -> Path:
+def _build_spec(shards: int, layout: str = "embedded") -> dict[str, Any]:
+    spec: dict[str, Any] = {"version": _BUILD_VERSION, "shards": shards}
+    if layout != "embedded":
+        spec["layout"] = layout
+    return spec
+
+
+def build_tiny_model(out: Path, shards: int = 1, layout: str = "embedded") -> Path:
     """Build (or reuse a cached build of) the tiny model in ``out`` and return ``out``.
 
     ``shards=1`` writes ``model.safetensors``; ``shards=2`` writes exactly
@@ -57,11 +76,13 @@ def build_tiny_model(out: Path, shards: int = 1) -> Path:
     A build is reused only if ``out.with_suffix('.done')`` records the same spec;
     the marker is written last, and the dir is built elsewhere then renamed in.
     """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}")
     if shards not in (1, 2):
         raise ValueError("shards must be 1 or 2")
     out = Path(out)
     marker = _marker(out)
-    spec = _build_spec(shards)
+    spec = _build_spec(shards, layout)
     if out.is_dir() and marker.is_file():
         try:
             if json.loads(marker.read_text()) == spec:
@@ -73,13 +94,13 @@ def build_tiny_model(out: Path, shards: int = 1) -> Path:
     tmp = out.with_name(out.name + ".building")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    _build_into(tmp, shards)
+    _build_into(tmp, shards, layout)
     tmp.rename(out)
     marker.write_text(json.dumps(spec))
     return out
 
 
-def _build_into(out: Path, shards: int) -> None:
+def _build_into(out: Path, shards: int, layout: str = "embedded") -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import (
@@ -121,7 +142,18 @@ def _build_into(out: Path, shards: int) -> None:
     # transformers 5 keeps the template only in chat_template.jinja, but Ray 2.48's
     # TOKENIZER_ONLY download keeps just "*tokenizer*" / "*config.json" names, so its
     # chat-template stage would see no template. Embed it too (the pre-4.4x layout).
-    tc["chat_template"] = _CHAT_TEMPLATE
+    if layout == "embedded":
+        tc["chat_template"] = _CHAT_TEMPLATE
+    else:
+        tc.pop("chat_template", None)
+        (out / "chat_template.jinja").write_text(_CHAT_TEMPLATE)
+    if layout == "bpe-files":
+        # GPT-2 style files only: the same trained BPE as vocab.json + merges.txt.
+        tok.model.save(str(out))
+        (out / "tokenizer.json").unlink()
+        tc["tokenizer_class"] = "GPT2Tokenizer"
+        tc["add_prefix_space"] = False
+        tc["add_bos_token"] = False
     tc_path.write_text(json.dumps(tc, indent=2, sort_keys=True) + "\n")
 
     cfg = LlamaConfig(
@@ -141,6 +173,7 @@ def _build_into(out: Path, shards: int) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = LlamaForCausalLM(cfg)
+        _train(model, fast)
     # The float32 checkpoint is ~810 KB: 500KB splits it into exactly two shards.
     kwargs: dict[str, Any] = {"max_shard_size": "500KB"} if shards == 2 else {}
     model.save_pretrained(out, **kwargs)
@@ -160,6 +193,34 @@ def _build_into(out: Path, shards: int) -> None:
         raise RuntimeError(f"tiny model: expected weight files {want}, got {got}")
     if shards == 2 and not (out / "model.safetensors.index.json").is_file():
         raise RuntimeError("tiny model: sharded build has no model.safetensors.index.json")
+
+
+def _train(model: Any, tokenizer: Any, steps: int = 120) -> None:
+    """A few seconds of training so the tiny model repeats what it saw (deterministic on CPU)."""
+    import torch
+
+    texts = list(_SENTENCES)
+    for question, answer in ANSWERS.items():
+        for messages in ([{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+                         [{"role": "user", "content": question}]):
+            prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            texts.append(f"{prompt} {answer}")
+    batch = [tokenizer(t)["input_ids"] + [2] for t in texts]  # 2 = </s>
+    width = max(map(len, batch))
+    ids = torch.tensor([b + [2] * (width - len(b)) for b in batch])
+    labels = torch.tensor([b + [-100] * (width - len(b)) for b in batch])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        model.train()
+        for _ in range(steps):
+            opt.zero_grad()
+            model(input_ids=ids, labels=labels).loss.backward()
+            opt.step()
+        model.eval()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _files(local: Path) -> list[str]:

@@ -38,7 +38,7 @@ from support.diskscan import find_weight_bytes
 from support.fixtures import BUCKET
 
 import ray_runai_shim
-from ray_runai_shim import patches
+from ray_runai_shim import handoff
 from ray_runai_shim.files import is_weight_file
 
 vllm = pytest.importorskip("vllm")
@@ -136,7 +136,7 @@ def stage_module():
 @pytest.mark.parametrize("name", ["tiny-sharded", "tiny"])
 def test_config_route_streams_every_tensor_from_the_uri(name, s3env, models, stage_module, monkeypatch):
     model = models[name]
-    assert patches.vllm_takes_model_weights() is False, "vLLM < 0.14 has no EngineArgs.model_weights"
+    assert handoff.vllm_takes_model_weights() is False, "vLLM < 0.14 has no EngineArgs.model_weights"
     monkeypatch.setattr(vllm, "AsyncLLMEngine", EngineStandIn)
     EngineStandIn.started.clear()
     mark = len(s3env.requests())

@@ -1,0 +1,99 @@
+"""Wrap a name, remember the exact original, put it back: nothing else.
+
+Used only by the installer. Names are resolved like wrapt's ``resolve_path``
+(``"Class.method"`` inside a module); the original is read from the owner's
+``__dict__`` so that ``uninstall()`` restores the very object that was there
+(a staticmethod stays a staticmethod). A name that already holds one of our
+wrappers -- ``ray.init`` is the same function as ``ray._private.worker.init``
+-- is recorded as an alias and restored to the shared original.
+
+A wrapped module function handed to ``ray.remote`` (Serve's per-node download
+tasks on 2.45-2.50) is pickled by value as the original function, so the task
+runs Ray's own code there (checked on 2.48 with a real task).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable
+
+import wrapt
+
+from .log import logger
+
+
+@dataclass
+class Applied:
+    patch: str
+    name: str  # "module.attr.path", as in the targets table
+    owner: Any
+    attr: str
+    original: Any
+    replacement: Any
+
+
+_lock = threading.Lock()
+_applied: list[Applied] = []
+_appended: list[tuple[str, str, list, str]] = []  # (patch, name, the list, the item)
+
+
+def resolve(module: ModuleType, path: str) -> tuple[Any, str, Any]:
+    """(owner, attribute, current value) of ``module.<path>``; AttributeError if absent."""
+    owner: Any = module
+    *parents, attr = path.split(".")
+    for part in parents:
+        owner = getattr(owner, part)
+    value = vars(owner)[attr] if attr in vars(owner) else getattr(owner, attr)
+    return owner, attr, value
+
+
+def wrap(patch: str, name: str, module: ModuleType, path: str, wrapper: Callable) -> bool:
+    """Wrap ``module.<path>`` with *wrapper* once per patch; False when already done."""
+    owner, attr, current = resolve(module, path)
+    with _lock:
+        for a in _applied:
+            if a.owner is owner and a.attr == attr and a.patch == patch:
+                return False
+            if a.patch == patch and current is a.replacement:  # an alias of a name we wrapped
+                _applied.append(Applied(patch, name, owner, attr, a.original, a.replacement))
+                return True
+        replacement = wrapt.FunctionWrapper(current, wrapper)
+        setattr(owner, attr, replacement)
+        _applied.append(Applied(patch, name, owner, attr, current, replacement))
+        return True
+
+
+def append(patch: str, name: str, module: ModuleType, path: str, item: str) -> bool:
+    """Append *item* to the list at ``module.<path>`` in place, so every alias sees it."""
+    _owner, _attr, current = resolve(module, path)
+    if not isinstance(current, list) or item in current:
+        return False
+    with _lock:
+        current.append(item)
+        _appended.append((patch, name, current, item))
+    return True
+
+
+def restore_all() -> None:
+    """Undo everything, newest first (stacked wrappers unwind in order)."""
+    with _lock:
+        applied, appended = list(_applied), list(_appended)
+        _applied.clear()
+        _appended.clear()
+    for a in reversed(applied):
+        if vars(a.owner).get(a.attr) is a.replacement:
+            setattr(a.owner, a.attr, a.original)
+        else:
+            logger.warning("ray-runai-shim: %s was re-patched by someone else; leaving it, our wrapper "
+                           "stays in place (it does nothing once uninstalled)", a.name)
+    for _patch, _name, lst, item in reversed(appended):
+        if item in lst:
+            lst.remove(item)
+
+
+def applied() -> list[tuple[str, str]]:
+    """(patch, name) of everything in place now."""
+    with _lock:
+        return [(a.patch, a.name) for a in _applied] + [(p, n) for p, n, _l, _i in _appended]

@@ -1,0 +1,82 @@
+"""The shim's own environment variables, parsed in one place.
+
+Stdlib only (the bootstrap reads the kill switch before anything else is
+imported). A bad value never raises inside Ray: it is reported once, as a
+WARNING naming the variable, the value and what was used instead, and the
+default applies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Optional
+
+DISABLE = "RAY_RUNAI_SHIM_DISABLE"
+AUTOLOAD = "RAY_RUNAI_SHIM_AUTOLOAD"
+CACHE_DIR = "RAY_RUNAI_SHIM_CACHE_DIR"
+LOCK_TIMEOUT = "RAY_RUNAI_SHIM_LOCK_TIMEOUT"
+HANDOFF = "RAY_RUNAI_SHIM_HANDOFF"
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+_warned: set[tuple[str, str]] = set()
+
+
+def _bad(name: str, value: str, expected: str, used: object) -> None:
+    if (name, value) in _warned:
+        return
+    _warned.add((name, value))
+    logging.getLogger("ray.runai_shim").warning(
+        "ray-runai-shim: ignoring %s=%r (expected %s); using %s", name, value, expected, used
+    )
+
+
+def flag(name: str, default: bool = False) -> bool:
+    """On/off: ``1/true/yes/on`` or ``0/false/no/off`` (any case); unset is *default*."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False if value else default
+    _bad(name, raw, "1/0, true/false, yes/no or on/off", "on" if default else "off")
+    return default
+
+
+def seconds(name: str, default: float) -> float:
+    """A duration: ``1800``, ``90s``, ``30m``, ``1.5h``; must be > 0."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", raw.lower())
+    if m and float(m.group(1)) > 0:
+        return float(m.group(1)) * _UNITS[m.group(2)]
+    _bad(name, raw, "a positive number of seconds, or e.g. 90s, 30m, 1h", f"{default:g} s")
+    return default
+
+
+def choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    value = raw.strip().lower()
+    if value in choices:
+        return value
+    _bad(name, raw, " or ".join(choices), default)
+    return default
+
+
+def path(name: str) -> Optional[Path]:
+    raw = os.environ.get(name, "").strip()
+    return Path(raw).expanduser() if raw else None
+
+
+def disabled() -> bool:
+    """The kill switch ``RAY_RUNAI_SHIM_DISABLE``."""
+    return flag(DISABLE)

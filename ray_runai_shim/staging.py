@@ -1,0 +1,137 @@
+"""Staging directories: where a version is assembled before it is renamed into place.
+
+A staging directory is private (0700) and named after its owner's boot id, pid
+and start time, so a later run can tell a process that died mid-fetch
+(``kill -9``, OOM, reboot) from a live one and remove what it left. Every
+directory inside is opened with ``O_NOFOLLOW`` relative to its parent's fd and
+every file created with ``O_CREAT|O_EXCL|O_NOFOLLOW``: nothing is written
+through a symlink, wherever one was planted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import threading
+import uuid
+from pathlib import Path, PurePosixPath
+from typing import Any, Optional
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")[:8]
+    except OSError:
+        return "nb"
+
+
+def _start_time(pid: int) -> Optional[str]:
+    """The process's start time in clock ticks since boot (None: no such process)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return "0"
+    return text.rpartition(")")[2].split()[19]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def owner_token() -> str:
+    """This process as ``<boot id>-<pid>-<start time>``: unique across pid reuse and reboots."""
+    pid = os.getpid()
+    return f"{_boot_id()}-{pid}-{_start_time(pid) or '0'}"
+
+
+#: Names of staging dirs (this layout) and of what the previous layout left after a crash.
+STAGING = re.compile(r"^\.staging-(?P<boot>[0-9a-f]{8}|nb)-(?P<pid>\d+)-(?P<start>\d+)-[0-9a-f]{8}$")
+LEGACY_STAGING = re.compile(r"^\..+\.staging-(?P<pid>\d+)-[0-9a-f]{8}$")  # layout 1
+LEGACY_OLD = re.compile(r"^\..+\.old-[0-9a-f]{8}$")  # layout 1, left by a crash
+
+
+def staging_owner_alive(name: str) -> bool:
+    """Whether the process that created staging dir *name* is still running."""
+    m = STAGING.match(name)
+    if m is None:
+        m2 = LEGACY_STAGING.match(name)
+        return _pid_alive(int(m2["pid"])) if m2 else True
+    pid = int(m["pid"])
+    if m["boot"] == "nb" or not Path("/proc").is_dir():
+        return _pid_alive(pid)
+    if m["boot"] != _boot_id():
+        return False
+    start = _start_time(pid)
+    return start is not None and (start == m["start"] or start == "0")
+
+
+class Staging:
+    """A private (0700) directory filled file by file, then renamed into place whole.
+
+    Every directory is opened with ``O_NOFOLLOW`` relative to its parent's fd and every
+    file created with ``O_CREAT|O_EXCL|O_NOFOLLOW``, so no write lands outside it."""
+
+    def __init__(self, base: Path) -> None:
+        self.path = base / f".staging-{owner_token()}-{uuid.uuid4().hex[:8]}"
+        os.mkdir(self.path, 0o700)
+        self._dirs: dict[PurePosixPath, int] = {}
+        self._guard = threading.Lock()
+        self._dirs[PurePosixPath(".")] = os.open(self.path, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC)
+
+    def _dir_fd(self, rel: PurePosixPath) -> int:
+        with self._guard:
+            if rel in self._dirs:
+                return self._dirs[rel]
+            parent = self._dir_fd_locked(rel.parent)
+            return self._open_child(parent, rel)
+
+    def _dir_fd_locked(self, rel: PurePosixPath) -> int:
+        if rel in self._dirs:
+            return self._dirs[rel]
+        return self._open_child(self._dir_fd_locked(rel.parent), rel)
+
+    def _open_child(self, parent_fd: int, rel: PurePosixPath) -> int:
+        try:
+            os.mkdir(rel.name, 0o755, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
+        fd = os.open(rel.name, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=parent_fd)
+        self._dirs[rel] = fd
+        return fd
+
+    def create(self, rel: PurePosixPath, mode: int = 0o644) -> Any:
+        """A new binary file at *rel* for writing (never through a symlink)."""
+        parent = self._dir_fd(rel.parent)
+        fd = os.open(
+            rel.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, mode, dir_fd=parent
+        )
+        return os.fdopen(fd, "wb")
+
+    def commit(self, vdir: Path) -> None:
+        """Make the staging dir readable and rename it to *vdir* (atomic)."""
+        os.fchmod(self._dirs[PurePosixPath(".")], 0o755)
+        os.rename(self.path, vdir)
+        self.close()
+
+    def close(self) -> None:
+        with self._guard:
+            for fd in self._dirs.values():
+                os.close(fd)
+            self._dirs.clear()
+
+    def discard(self) -> None:
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)

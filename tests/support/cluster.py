@@ -1,0 +1,106 @@
+"""A real Ray cluster started with ``ray start``, stopped without touching anyone else's Ray.
+
+``ray stop --force`` kills every Ray process on the machine. Instead, every process of
+this cluster inherits a unique marker in its environment (``RRS_TEST_CLUSTER``); stopping
+sends SIGTERM, then SIGKILL, to exactly the processes that carry it (read from
+``/proc/<pid>/environ``), so a developer's own Ray, or another test run, is left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Optional
+
+from .s3server import free_port
+
+RAY = str(Path(sys.executable).with_name("ray"))
+MARKER = "RRS_TEST_CLUSTER"
+
+
+def marked_pids(token: str) -> list[int]:
+    """PIDs whose environment has ``RRS_TEST_CLUSTER=<token>`` (ours, by construction)."""
+    needle = f"{MARKER}={token}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def stop_marked(token: str, grace: float = 15.0) -> list[int]:
+    """SIGTERM the marked processes, SIGKILL what is left after *grace* seconds."""
+    pids = marked_pids(token)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and marked_pids(token):
+        time.sleep(0.2)
+    for pid in marked_pids(token):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+class RayCluster:
+    """``ray start --head`` (+ optional worker nodes) on 127.0.0.1 in a private temp dir."""
+
+    def __init__(self, env: dict[str, str], *, dashboard: bool = False, root: Optional[Path] = None) -> None:
+        self.root = root or Path(tempfile.mkdtemp(prefix="rrs-cl-", dir="/tmp"))
+        self.token = uuid.uuid4().hex
+        self.env = {**env, "HOME": str(self.root), MARKER: self.token}
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.dashboard = dashboard
+        self.dashboard_port = free_port() if dashboard else None
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    def ray(self, *args: str, env: Optional[dict[str, str]] = None) -> subprocess.CompletedProcess:
+        proc = subprocess.run([RAY, *args], env={**self.env, **(env or {})}, capture_output=True, text=True,
+                              timeout=180)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ray {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        return proc
+
+    def start_head(self, *extra: str, env: Optional[dict[str, str]] = None) -> RayCluster:
+        dash = ([f"--dashboard-port={self.dashboard_port}", "--dashboard-host=127.0.0.1", "--include-dashboard=true"]
+                if self.dashboard else ["--include-dashboard=false"])
+        self.ray("start", "--head", f"--port={self.port}", f"--temp-dir={self.root / 't'}",
+                 "--node-ip-address=127.0.0.1", *dash, *extra, env=env)
+        return self
+
+    def add_node(self, *extra: str, env: Optional[dict[str, str]] = None) -> RayCluster:
+        self.ray("start", f"--address={self.address}", "--node-ip-address=127.0.0.1", *extra, env=env)
+        return self
+
+    def stop(self) -> list[int]:
+        pids = stop_marked(self.token)
+        shutil.rmtree(self.root, ignore_errors=True)
+        return pids
+
+    def __enter__(self) -> RayCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
