@@ -1,14 +1,10 @@
-"""Interpreter-start activation for ``runtime_env={"pip": ["ray-runai-shim"]}``.
+"""Interpreter-start activation for images and ``runtime_env={"pip": ["ray-runai-shim"]}``.
 
 The wheel ships ``ray_runai_shim_autoload.pth``, which imports this module only when
 ``RAY_RUNAI_SHIM_AUTOLOAD=1``. Importing the package leaves the stdlib-only
-watcher; nothing heavier runs until Ray is imported. The variable is removed
-from this process's environment so processes it starts (vLLM's engine core,
-compile workers) do not activate again.
+watcher; nothing heavier runs until Ray is imported. The variable stays in the
+environment on purpose: on an image, ``ray start`` is the first process that sees it,
+and Ray's daemons, workers and Serve replicas inherit it from there.
 """
 
-import os
-
-os.environ.pop("RAY_RUNAI_SHIM_AUTOLOAD", None)
-
-import ray_runai_shim  # noqa: E402,F401
+import ray_runai_shim  # noqa: F401

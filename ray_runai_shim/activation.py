@@ -23,11 +23,11 @@ from types import ModuleType
 from typing import Any, Callable, Optional
 
 from .failopen import fail_open
+from .jobenv import CHAIN_ENV, OVERRIDE_ENV, RAY_HOOK_ENV, SETUP_HOOK, InitEnv, plan_init_env
 from .log import logger
 
-SETUP_HOOK = "ray_runai_shim.activation.worker_setup"
-CHAIN_ENV = "RAY_RUNAI_SHIM_CHAINED_SETUP_HOOK"
-RAY_HOOK_ENV = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
+__all__ = ["CHAIN_ENV", "RAY_HOOK_ENV", "SETUP_HOOK", "runtime_env", "worker_setup", "ray_init"]
+
 RAY_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 #: Settings the streamer and Ray's downloads read in the actors. Credentials
@@ -56,9 +56,12 @@ def in_ray_worker() -> bool:
 
 def in_ray_system_process() -> bool:
     """Ray's own processes (dashboard, agents, log monitor, default_worker) run scripts from
-    inside Ray's package; a driver runs the user's script, ``-c``, or a CLI (``serve run``)."""
+    inside Ray's package, and the ``ray`` CLI starts them; a driver runs the user's script,
+    ``-c``, or ``serve run``."""
     ray = sys.modules.get("ray")
     script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
+    if os.path.basename(script) == "ray":  # the CLI (`ray start`, `ray job submit`): not a job's driver
+        return True
     if ray is None or not script or not getattr(ray, "__file__", None):
         return False
     package = os.path.dirname(os.path.realpath(ray.__file__))
@@ -135,81 +138,84 @@ def _job_level_env() -> dict[str, Any]:
         return {}
 
 
+def _plan(base: Optional[dict[str, Any]], *, ship: bool) -> InitEnv:
+    return plan_init_env(base, _job_level_env(), ship=ship, package_dir=_package_dir(),
+                         forward=_forwardable(), chain_callable=_chain_callable)
+
+
+def _say(plan: InitEnv) -> None:
+    if plan.warning:
+        logger.warning("%s", plan.warning)
+    if plan.added or plan.forwarded:
+        logger.info(
+            "ray-runai-shim: job runtime_env += %s%s%s",
+            ", ".join(plan.added) or "nothing",
+            f"; forwarded env (names only): {', '.join(plan.forwarded)}" if plan.forwarded else "",
+            f" (merged with the submitted job's runtime_env under {OVERRIDE_ENV}=1)" if plan.override else "",
+        )
+
+
 def runtime_env(base: Optional[dict[str, Any]] = None, *, remote: bool = False) -> dict[str, Any]:
     """*base* plus what workers need to load the shim. The user's values always win.
 
     ``remote=True`` ships this package with ``py_modules`` (for clusters whose
     image does not have it installed).
     """
-    env: dict[str, Any] = dict(base or {})
-    submitted = _job_level_env()
-    submitted_vars = submitted.get("env_vars") or {}
-    env_vars = dict(env.get("env_vars") or {})
-    added: list[str] = []
-
-    hook = env.get("worker_process_setup_hook")
-    hook_taken = "worker_process_setup_hook" in submitted or RAY_HOOK_ENV in submitted_vars
-    if hook is None and not hook_taken:
-        env["worker_process_setup_hook"] = SETUP_HOOK
-        added.append("worker_process_setup_hook")
-    elif isinstance(hook, str) and hook != SETUP_HOOK:
-        env_vars[CHAIN_ENV] = hook
-        env["worker_process_setup_hook"] = SETUP_HOOK
-        added.append(f"worker_process_setup_hook (then {hook})")
-    elif callable(hook) and not getattr(hook, "_ray_runai_shim", False):
-        chained = _chain_callable(hook)
-        chained._ray_runai_shim = True  # type: ignore[attr-defined]
-        env["worker_process_setup_hook"] = chained
-        added.append("worker_process_setup_hook (then the user's callable)")
-
-    forwarded = []
-    for k, v in _forwardable().items():
-        if k not in env_vars and k not in submitted_vars:
-            env_vars[k] = v
-            forwarded.append(k)
-    if env_vars:
-        env["env_vars"] = env_vars
-
-    if remote:
-        mods = list(env.get("py_modules") or [])
-        if _package_dir() not in mods:
-            mods.append(_package_dir())
-            env["py_modules"] = mods
-            added.append("py_modules (this package)")
-    if added or forwarded:
-        logger.info(
-            "ray-runai-shim: job runtime_env += %s%s",
-            ", ".join(added) or "nothing",
-            f"; forwarded env (names only): {', '.join(sorted(forwarded))}" if forwarded else "",
-        )
-    return env
+    plan = _plan(base, ship=remote)
+    _say(plan)
+    return dict(plan.runtime_env or {})
 
 
-def prepare_init_kwargs(args: tuple, kwargs: dict) -> dict:
-    """Called by the ``ray.init`` wrapper: merge the shim into this job's runtime_env."""
+def submitted_job() -> bool:
+    """Is this driver a submitted job's entrypoint (Jobs API, ``ray job submit``, RayJob)?"""
+    return RAY_JOB_CONFIG_ENV in os.environ
+
+
+def plan_for_init(args: tuple, kwargs: dict) -> Optional[InitEnv]:
+    """What the ``ray.init`` wrapper passes on; None leaves the call untouched."""
     import ray
 
     if ray.is_initialized() or in_ray_worker():
-        return kwargs
+        return None
     address = (args[0] if args else kwargs.get("address")) or os.environ.get("RAY_ADDRESS")
     if isinstance(address, str) and address.startswith("ray://"):
         logger.warning(
             "ray-runai-shim: Ray Client (%s) does not run job-level setup hooks; install "
-            "ray-runai-shim on the cluster image (see README: sitecustomize)",
+            "ray-runai-shim on the cluster image (see README: Deploying)",
             address,
         )
+        return None
+    # A submitted job's driver runs on the cluster: what it imports, the workers can too.
+    here = submitted_job() or address in (None, "", "local")
+    ship = not (here and importable_by_workers())
+    return _plan(kwargs.get("runtime_env"), ship=ship)
+
+
+def prepare_init_kwargs(args: tuple, kwargs: dict) -> dict:
+    """``ray.init``'s kwargs with the shim merged into this job's runtime_env."""
+    plan = plan_for_init(args, kwargs)
+    if plan is None:
         return kwargs
-    local = address in (None, "", "local")
-    remote = not (local and importable_by_workers())
-    new = dict(kwargs)
-    new["runtime_env"] = runtime_env(kwargs.get("runtime_env"), remote=remote)
-    return new
+    _say(plan)
+    return {**kwargs, "runtime_env": plan.runtime_env}
 
 
 @fail_open("extending the job's runtime_env", fallback="ray.init runs with your arguments; workers will not load the shim")
 def ray_init(original: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
     """``ray.init`` wrapper: the job's runtime_env gains what workers need to load the shim."""
-    return original(*args, **prepare_init_kwargs(args, kwargs))
+    plan = plan_for_init(args, kwargs)
+    if plan is None:
+        return original(*args, **kwargs)
+    _say(plan)
+    new = {**kwargs, "runtime_env": plan.runtime_env}
+    if not plan.override or os.environ.get(OVERRIDE_ENV) == "1":
+        return original(*args, **new)
+    # Ray reads the (documented) override flag in this call only; restore it afterwards.
+    os.environ[OVERRIDE_ENV] = "1"
+    try:
+        return original(*args, **new)
+    finally:
+        os.environ.pop(OVERRIDE_ENV, None)
 
 
 def on_ray_imported(ray: ModuleType) -> None:

@@ -28,6 +28,7 @@ SERVE_DOWNLOAD = "serve-download"  # narrow Serve LLM's node-init MODEL_AND_TOKE
 SERVE_HANDOFF = "serve-handoff"  # give Serve's vLLM engine the weights URI next to the local dir
 RUNTIME_ENV = "vllm-runtime-env"  # keep vLLM's own ray.init valid under the job's setup hook
 TOKENIZER = "tokenizer-download"  # serve tokenizer-only downloads complete, from the snapshot
+SERVE_ACTIVATION = "serve-activation"  # carry the shim into replicas of config-deployed apps
 
 
 class Range(NamedTuple):
@@ -84,7 +85,7 @@ SERVE_RANGES: tuple[Range, ...] = (
     Range(
         (2, 45),
         (2, 52),
-        frozenset({SERVE_DOWNLOAD, SERVE_HANDOFF}),
+        frozenset({SERVE_DOWNLOAD, SERVE_HANDOFF, SERVE_ACTIVATION}),
         "Serve LLM's node initialisation downloads the whole model (string URI or "
         "CloudMirrorConfig) and hands vLLM the local copy",
     ),

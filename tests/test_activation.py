@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -119,8 +120,8 @@ print(json.dumps({**ray.get(ray.remote(probe).remote()), "init_wrapped": type(ra
 
 def test_runtime_env_pip_dependency_activates_workers_without_a_driver_import(sandbox, built):
     """``runtime_env={"pip": [...]}``: Ray builds a virtualenv with the wheel; its ``.pth``
-    loads the shim at worker start when RAY_RUNAI_SHIM_AUTOLOAD=1, and drops the variable so
-    the worker's own children (vLLM's engine core) do not activate again."""
+    loads the shim at worker start when RAY_RUNAI_SHIM_AUTOLOAD=1, and keeps the variable so
+    the processes it starts (on an image: ``ray start``'s daemons and workers) have it too."""
     [wheel] = built.glob("*.whl")
     out = run(
         f"""
@@ -136,7 +137,7 @@ print(json.dumps(r))
     )
     assert out["driver_imported"] is False
     assert out["shim_loaded_before_probe"] and out["installed"] and STAGE_PATCH in out["patched"]
-    assert out["autoload_env"] is None
+    assert out["autoload_env"] == "1"
     assert "/runtime_resources/pip/" in out["file"]  # the copy Ray installed from the wheel
 
 
@@ -147,9 +148,10 @@ def test_the_banner_is_said_by_drivers_only_not_by_rays_own_processes(tmp_path):
 
     ray_dir = Path(_ray.__file__).resolve().parent
     lines = {}
-    for label, argv0 in (("daemon", ray_dir / "_private" / "log_monitor.py"), ("driver", tmp_path / "job.py")):
+    cli = Path(sys.executable).with_name("ray")
+    for label, argv0 in (("daemon", ray_dir / "_private" / "log_monitor.py"), ("cli", cli), ("driver", tmp_path / "job.py")):
         code = f"import sys\nsys.argv[0] = {str(argv0)!r}\nimport ray_runai_shim, ray\n"
         proc = run_python(code, env=base_env(site=False))
         lines[label] = [ln for ln in proc.stderr.splitlines() if "ray-runai-shim" in ln and "Ray 2." in ln]
-    assert lines["daemon"] == []
+    assert lines["daemon"] == [] and lines["cli"] == []  # `ray start` on an image is not a job's driver
     assert len(lines["driver"]) == 1 and re.search(r"\sINFO\s", lines["driver"][0])

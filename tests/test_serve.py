@@ -144,10 +144,10 @@ print(json.dumps(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)))
      ("2.61.0", False)],
 )
 def test_serve_plan_per_ray_release(version, patched):
-    from ray_runai_shim.support import SERVE_DOWNLOAD, SERVE_HANDOFF, SERVE_RANGES, plan_for
+    from ray_runai_shim.support import SERVE_ACTIVATION, SERVE_DOWNLOAD, SERVE_HANDOFF, SERVE_RANGES, plan_for
 
     plan = plan_for(version, SERVE_RANGES)
-    assert set(plan.patches) == ({SERVE_DOWNLOAD, SERVE_HANDOFF} if patched else set())
+    assert set(plan.patches) == ({SERVE_DOWNLOAD, SERVE_HANDOFF, SERVE_ACTIVATION} if patched else set())
     assert plan.why  # the one INFO line says why, patched or not
 
 
