@@ -40,7 +40,7 @@ VLLM_MODELS = "ray.llm._internal.serve.deployments.llm.vllm.vllm_models"
 REMOTE_NODE_INIT = "ray.llm._internal.serve.utils.node_initialization_utils"  # 2.51
 ENGINES_VLLM_MODELS = "ray.llm._internal.serve.engines.vllm.vllm_models"  # 2.51
 VLLM_ARG_UTILS = "vllm.engine.arg_utils"
-SERVE_APP_STATE = "ray.serve._private.application_state"  # the controller's config-deploy build task
+SERVE_BUILD_APP = "ray.serve._private.build_app"  # run by the controller's config-deploy build task
 
 WRAP = "wrap"  # replace module.attr by a wrapt FunctionWrapper
 APPEND = "append"  # append ``value`` to the list at module.attr, in place (aliases see it)
@@ -68,8 +68,8 @@ TARGETS: tuple[Target, ...] = (
     Target(ACTIVATION, "ray._private.worker", "init", "ray_runai_shim.activation:ray_init"),
     Target(ACTIVATION, "ray", "init", "ray_runai_shim.activation:ray_init"),
     # Serve apps deployed from a config file: the replicas load the shim through the autoload.
-    Target(SERVE_ACTIVATION, SERVE_APP_STATE, "build_app", "ray_runai_shim.serve_config:build_app",
-           requires=("build_serve_application",)),
+    Target(SERVE_ACTIVATION, SERVE_BUILD_APP, "_set_default_runtime_env",
+           "ray_runai_shim.serve_config:set_default_runtime_env", requires=("build_app",)),
     # Ray 2.45-2.49's pyarrow S3 filesystem ignores AWS_ENDPOINT_URL.
     Target(ENDPOINT, CLOUD_UTILS, "CloudFileSystem.get_fs_and_path", "ray_runai_shim.endpoint:get_fs_and_path_wrapper"),
     # 2.51: runai_streamer_sharded is missing from the list of streaming formats.

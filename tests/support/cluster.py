@@ -63,7 +63,9 @@ def stop_marked(token: str, grace: float = 15.0) -> list[int]:
 class RayCluster:
     """``ray start --head`` (+ optional worker nodes) on 127.0.0.1 in a private temp dir."""
 
-    def __init__(self, env: dict[str, str], *, dashboard: bool = False, root: Optional[Path] = None) -> None:
+    def __init__(self, env: dict[str, str], *, dashboard: bool = False, root: Optional[Path] = None,
+                 ray_bin: str = RAY) -> None:
+        self.ray_bin = ray_bin  # another image's `ray` (tests/test_deploy.py)
         self.root = root or Path(tempfile.mkdtemp(prefix="rrs-cl-", dir="/tmp"))
         self.token = uuid.uuid4().hex
         self.env = {**env, "HOME": str(self.root), MARKER: self.token}
@@ -77,7 +79,7 @@ class RayCluster:
         return f"http://127.0.0.1:{self.dashboard_port}"
 
     def ray(self, *args: str, env: Optional[dict[str, str]] = None) -> subprocess.CompletedProcess:
-        proc = subprocess.run([RAY, *args], env={**self.env, **(env or {})}, capture_output=True, text=True,
+        proc = subprocess.run([self.ray_bin, *args], env={**self.env, **(env or {})}, capture_output=True, text=True,
                               timeout=180)
         if proc.returncode != 0:
             raise RuntimeError(f"ray {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
