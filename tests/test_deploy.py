@@ -6,8 +6,8 @@ engine against moto and asserts what users care about: an answer, and no weight 
 any disk of the cluster.
 
 * image + ``RAY_RUNAI_SHIM_AUTOLOAD=1`` in the environment of ``ray start`` (how KubeRay
-  starts nodes): a Ray Data job whose driver never imports the shim, and a Serve app
-  deployed from a config file whose module never imports it;
+  starts nodes): a Ray Data script that never imports the shim, and a Serve app deployed
+  from a config file whose module never imports it;
 * image without the variable: ``serve deploy config.yaml`` of a module that starts with
   ``import ray_runai_shim`` (the config-file / RayService shape).
 
@@ -160,8 +160,10 @@ def test_config_deploy_of_a_module_importing_the_shim_streams(s3, models, image,
     assert "load the shim in their replicas" in run["logs"]  # said in the app's build log
 
 
-def test_image_autoload_streams_a_ray_data_job_whose_driver_never_imports_the_shim(s3, models, image,
+def test_image_autoload_streams_a_ray_data_job_whose_script_never_imports_the_shim(s3, models, image,
                                                                                     deploy_sandbox):
+    """The seed's script minus its import line, run on the image (its `python`, the image's
+    environment): the autoload loads the shim in the driver and in every worker."""
     model = models["tiny"]
     seed = (REPO / "examples" / "seed_pipeline.py").read_text()
     first, init = "import ray_runai_shim  # noqa: F401, I001  (first line; nothing else changes)\n", \
@@ -172,13 +174,13 @@ def test_image_autoload_streams_a_ray_data_job_whose_driver_never_imports_the_sh
     cluster = start(deploy_sandbox, image, RAY_RUNAI_SHIM_AUTOLOAD="1")
     out = deploy_sandbox.root / "rows.json"
     try:
-        proc = subprocess.run([sys.executable, str(driver), model.uri, "--cpu", "--json", str(out)],
-                              env={**deploy_sandbox.env, "RAY_ADDRESS": cluster.address},
+        proc = subprocess.run([str(image), str(driver), model.uri, "--cpu", "--json", str(out)],
+                              env={**cluster.env, "RAY_ADDRESS": cluster.address},
                               cwd=str(deploy_sandbox.root), capture_output=True, text=True, timeout=600)
     finally:
         cluster.stop()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "RAY_RUNAI_SHIM_AUTOLOAD" not in deploy_sandbox.env  # the driver never loads the shim
+    assert "import ray_runai_shim" not in driver.read_text()
     rows = json.loads(out.read_text())["rows"]
     assert rows and all(r["answer"] for r in rows)
     assert deploy_sandbox.weight_bytes_on_disk(model) == []
