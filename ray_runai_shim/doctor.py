@@ -134,6 +134,17 @@ def inspect_uri(uri: str, load_format: str) -> dict[str, Any]:
     return report
 
 
+def activation_route() -> dict[str, Any]:
+    """How a ``ray.init()`` here would reach the workers, with the job's runtime_env if this is
+    a submitted job's entrypoint (the same plan the ``ray.init`` wrapper makes)."""
+    from .activation import _plan, importable_by_workers, submitted_job
+    from .serve_config import autoload_installed
+
+    plan = _plan(None, ship=not importable_by_workers())
+    return {"route": plan.route, "submitted_job": submitted_job(), "override": plan.override,
+            "adds": list(plan.added), "autoload_pth_installed": autoload_installed(), "warning": plan.warning}
+
+
 def collect(uri: Optional[str], load_format: str) -> dict[str, Any]:
     from . import status
     from .activation import importable_by_workers
@@ -160,6 +171,7 @@ def collect(uri: Optional[str], load_format: str) -> dict[str, Any]:
             if importable_by_workers()
             else "not installed: ray.init() ships this package to workers with runtime_env py_modules"
         ),
+        "activation": activation_route(),
         "environment": environment(),
     }
     if uri:
@@ -180,6 +192,12 @@ def render(r: dict[str, Any]) -> str:
     lines.append(f"  in this process: {'installed' if s['installed'] or s.get('waiting_for_ray') else 'inactive'}"
                  f"{' (disabled by RAY_RUNAI_SHIM_DISABLE)' if s.get('disabled_by_env') else ''}")
     lines.append(f"  workers: {r['workers']}")
+    a = r["activation"]
+    lines.append(f"  activation: {a['route']}" + (" (submitted job; merged with its runtime_env"
+                 + (" under RAY_OVERRIDE_JOB_RUNTIME_ENV=1" if a["override"] else "") + ")" if a["submitted_job"] else "")
+                 + (f"; ray.init adds {', '.join(a['adds'])}" if a["adds"] else ""))
+    if a["warning"]:
+        lines.append(f"  WARNING: {a['warning']}")
     lines += ["", "environment:"] + ([f"  {k}={v}" for k, v in r["environment"].items()] or ["  (none set)"])
     m = r.get("model")
     if m:

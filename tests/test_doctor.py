@@ -75,3 +75,18 @@ def test_sdist_and_wheel_install_into_a_clean_venv_and_doctor_runs(built, s3, tm
     report = json.loads(p.stdout)
     assert report["versions"]["ray-runai-shim"] == "0.1.0" and report["versions"]["ray"] is None
     assert report["plan"]["why"] == "Ray is not installed here"
+
+
+def test_doctor_says_how_a_submitted_jobs_workers_get_the_shim():
+    """In an ``image_uri`` job's entrypoint, doctor says what the ray.init wrapper warns: the image needs
+    the package, because Ray combines image_uri only with env_vars."""
+    def run(job_env: dict) -> str:
+        env = base_env({"RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": job_env})}, site=False)
+        return subprocess.run([sys.executable, "-m", "ray_runai_shim", "doctor"], env=env, capture_output=True,
+                              text=True, timeout=120).stdout
+
+    image = run({"image_uri": "registry.example/llm:1"})
+    assert "activation: autoload (submitted job" in image and "pip install ray-runai-shim" in image
+    own_hook = run({"working_dir": "gcs://_ray_pkg_x.zip", "worker_process_setup_hook": "mod.hook"})
+    assert "under RAY_OVERRIDE_JOB_RUNTIME_ENV=1" in own_hook and "(then mod.hook)" in own_hook
+    assert "WARNING" not in own_hook
