@@ -6,13 +6,13 @@ engine against moto and asserts what users care about: an answer, and no weight 
 any disk of the cluster.
 
 * image + ``RAY_RUNAI_SHIM_AUTOLOAD=1`` in the environment of ``ray start`` (how KubeRay
-  starts nodes): a Ray Data script that never imports the shim, and a Serve app deployed
-  from a config file whose module never imports it;
+  starts nodes): a Ray Data script that never imports the shim, and ``serve run config.yaml``
+  of a module that never imports it;
 * image without the variable: ``serve deploy config.yaml`` of a module that starts with
   ``import ray_runai_shim`` (the config-file / RayService shape).
 
-The controls (the same shapes copying every weight without the shim) are the node-level
-ones in test_serve.py and test_default_stages.py; this file checks the activation routes.
+The control (no engine) shows a config-deployed replica without the build-task route has no
+shim; the weight copy that means is measured by the node-level controls in test_serve.py.
 """
 
 from __future__ import annotations
@@ -95,14 +95,17 @@ def post(url: str, body: dict) -> dict:
         return {"status": getattr(e, "code", None), "body": str(e)[:500]}
 
 
-def serve_deploy(sandbox, cluster: RayCluster, model, *, first_line: str, env_vars: dict) -> dict:
+def serve_deploy(sandbox, cluster: RayCluster, model, *, first_line: str, env_vars: dict, how: str = "deploy") -> dict:
+    """``serve deploy config.yaml`` (through the dashboard) or ``serve run config.yaml`` (a driver):
+    either way the controller's build task imports the app's module."""
     (sandbox.root / "app" / "my_app.py").write_text(APP.format(first_line=first_line, uri=model.uri))
     port = free_port()
     config = sandbox.root / "config.yaml"
     config.write_text(CONFIG.format(port=port, env_vars=json.dumps(env_vars)))
     serve = str(Path(sys.executable).with_name("serve"))
-    proc = subprocess.run([serve, "deploy", str(config), "-a", cluster.dashboard_url], env=cluster.env,
-                          capture_output=True, text=True, timeout=120)
+    cmd = ([serve, "deploy", str(config), "-a", cluster.dashboard_url] if how == "deploy"
+           else [serve, "run", str(config), "--non-blocking", "-a", cluster.address])
+    proc = subprocess.run(cmd, env=cluster.env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     deadline = time.monotonic() + 480
     answer = {}
@@ -137,18 +140,18 @@ def check_streamed(sandbox, model, run: dict) -> None:
     assert calls, sandbox.engine_calls()
 
 
-def test_image_autoload_in_ray_start_env_streams_a_config_deployed_serve_app(s3, models, image, deploy_sandbox):
+def test_image_autoload_in_ray_start_env_streams_a_serve_run_config_app(s3, models, image, deploy_sandbox):
     model = models["tiny"]
     cluster = start(deploy_sandbox, image, RAY_RUNAI_SHIM_AUTOLOAD="1")
     try:
         run = serve_deploy(deploy_sandbox, cluster, model, first_line="# no import of the shim here",
-                           env_vars={})
+                           env_vars={}, how="run")  # `serve run config.yaml`; the test below: `serve deploy`
     finally:
         cluster.stop()
     check_streamed(deploy_sandbox, model, run)
 
 
-def test_config_deploy_of_a_module_importing_the_shim_streams(s3, models, image, deploy_sandbox):
+def test_serve_deploy_config_of_a_module_importing_the_shim_streams(s3, models, image, deploy_sandbox):
     model = models["tiny"]
     cluster = start(deploy_sandbox, image)  # no autoload variable anywhere
     try:
@@ -184,3 +187,54 @@ def test_image_autoload_streams_a_ray_data_job_whose_script_never_imports_the_sh
     rows = json.loads(out.read_text())["rows"]
     assert rows and all(r["answer"] for r in rows)
     assert deploy_sandbox.weight_bytes_on_disk(model) == []
+
+
+PROBE_APP = '''
+import ray_runai_shim  # noqa: F401
+import os, sys
+from ray import serve
+
+@serve.deployment
+class Probe:
+    def __call__(self, request):
+        return {"autoload": os.environ.get("RAY_RUNAI_SHIM_AUTOLOAD"), "shim_loaded": "ray_runai_shim" in sys.modules}
+
+app = Probe.bind()
+'''
+PROBE_CONFIG = '''
+http_options: {{host: 127.0.0.1, port: {port}}}
+applications:
+  - {{name: on, route_prefix: /on, import_path: probe_app:app}}
+  - {{name: off, route_prefix: /off, import_path: probe_app:app,
+     runtime_env: {{env_vars: {{RAY_RUNAI_SHIM_DISABLE: "1"}}}}}}
+'''
+
+
+def test_control_a_config_deployed_replica_has_the_shim_only_through_the_build_task(image, deploy_sandbox):
+    """No engine: two copies of one app that imports the shim; in ``off`` the shim is switched off
+    (what every config deploy was before): its replica never loads the shim, so Serve's node init
+    would copy the whole model (test_serve.py's control measures that copy)."""
+    (deploy_sandbox.root / "app").mkdir(exist_ok=True)
+    (deploy_sandbox.root / "app" / "probe_app.py").write_text(PROBE_APP)
+    port = free_port()
+    config = deploy_sandbox.root / "probe.yaml"
+    config.write_text(PROBE_CONFIG.format(port=port))
+    cluster = start(deploy_sandbox, image)
+    try:
+        serve = str(Path(sys.executable).with_name("serve"))
+        proc = subprocess.run([serve, "deploy", str(config), "-a", cluster.dashboard_url], env=cluster.env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got = {}
+        deadline = time.monotonic() + 180
+        while len(got) < 2 and time.monotonic() < deadline:
+            for name in ("on", "off"):
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/{name}", timeout=10) as r:
+                        got[name] = json.loads(r.read())
+                except (urllib.error.URLError, ConnectionError, OSError):
+                    time.sleep(1)
+    finally:
+        cluster.stop()
+    assert got.get("on") == {"autoload": "1", "shim_loaded": True}, got
+    assert got.get("off") == {"autoload": None, "shim_loaded": False}, got
