@@ -327,3 +327,32 @@ def test_tokenizer_only_download_of_current_checkpoints(s3, layout_models, sandb
         # recorded as measured; the shim does not patch these releases yet.
         assert "chat_template.jinja" not in missing and {"vocab.json", "merges.txt"} <= missing, files
     VERDICT.setdefault("tokenizer_only", {})["shim" if shim else "ray"] = sorted(missing)
+
+
+def test_a_submitted_jobs_runtime_env_merges_by_this_releases_own_rule():
+    """#12, read from this wheel: ``ray.init`` merges the job's runtime_env per field and per env
+    var, conflicts on any overlap, and honours RAY_OVERRIDE_JOB_RUNTIME_ENV; the shim's plan for
+    the issue's hardest row (own hook + py_modules) merges to the union under that rule."""
+    import inspect
+    from pathlib import Path
+
+    import ray._private.worker as worker
+    from ray.runtime_env.runtime_env import RuntimeEnv, _merge_runtime_env
+
+    import ray_runai_shim
+    from ray_runai_shim.jobenv import CHAIN_ENV, SETUP_HOOK, plan_init_env
+
+    source = inspect.getsource(worker)
+    assert 'os.getenv("RAY_OVERRIDE_JOB_RUNTIME_ENV") == "1"' in source
+    assert "RAY_JOB_CONFIG_JSON_ENV_VAR" in source
+    job = {"working_dir": "gcs://_ray_pkg_wd.zip", "py_modules": ["gcs://_ray_pkg_m.zip"],
+           "worker_process_setup_hook": "usermod.hook", "env_vars": {"A": "1"}}
+    assert _merge_runtime_env(RuntimeEnv(**job), RuntimeEnv(worker_process_setup_hook=SETUP_HOOK)) is None
+    pkg = str(Path(ray_runai_shim.__file__).parent)
+    plan = plan_init_env(None, job, ship=True, package_dir=pkg, forward={}, chain_callable=lambda h: h)
+    merged = _merge_runtime_env(RuntimeEnv(**job), RuntimeEnv(**plan.runtime_env), override=plan.override)
+    assert plan.override and merged is not None
+    assert merged["working_dir"] == job["working_dir"] and merged["py_modules"] == [*job["py_modules"], pkg]
+    assert merged["worker_process_setup_hook"] == SETUP_HOOK
+    assert merged["env_vars"] == {"A": "1", CHAIN_ENV: "usermod.hook"}
+    VERDICT["job_runtime_env_merge"] = "per field; override honoured"
