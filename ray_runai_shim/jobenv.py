@@ -58,6 +58,25 @@ def conflicts(job: Mapping[str, Any], user: Mapping[str, Any]) -> bool:
     return bool(set(job.get("env_vars") or {}) & set(user.get("env_vars") or {}))
 
 
+def already_merged(job: Mapping[str, Any], user: Mapping[str, Any]) -> bool:
+    """Is *user* a plan of ours built on *job* (our hook; every field and variable of the job kept)?"""
+    if not _is_ours(user.get("worker_process_setup_hook")):
+        return False
+    for key, value in job.items():
+        if key == "worker_process_setup_hook":
+            continue
+        if key == "env_vars":
+            user_vars = user.get("env_vars") or {}
+            if any(user_vars.get(k) != v for k, v in (value or {}).items()):
+                return False
+        elif key == "py_modules":
+            if list(user.get(key) or [])[: len(value or [])] != list(value or []):
+                return False
+        elif user.get(key) != value:
+            return False
+    return True
+
+
 def pip_installs_shim(env: Mapping[str, Any]) -> bool:
     """Does the env's ``pip``/``uv`` field install this package into the workers?"""
     for key in ("pip", "uv"):
@@ -91,6 +110,10 @@ def plan_init_env(
     user_env = dict(user or {})
     job_env = dict(job or {})
     if job_env and conflicts(job_env, user_env):
+        if already_merged(job_env, user_env):
+            # ray.init(runtime_env=ray_runai_shim.runtime_env()) in a submitted job: the shim's own
+            # plan, which already holds every field of the job's.
+            return InitEnv(user_env, override=True, notes=("the shim's own runtime_env",))
         # Ray raises its own merge error, exactly as it would without the shim.
         return InitEnv(dict(user) if user is not None else None, route="none",
                        notes=("the job's and ray.init's runtime_env conflict; left to Ray",))

@@ -154,3 +154,16 @@ def test_a_pip_field_that_installs_the_shim_means_no_py_modules(env, expected):
     assert pip_installs_shim(env) is expected
     p = plan(env, None, ship=True)
     assert ("py_modules" in p.runtime_env) is not expected
+
+
+def test_the_shims_own_runtime_env_helper_output_passes_through_a_submitted_job():
+    """``ray.init(runtime_env=ray_runai_shim.runtime_env())`` in an own-hook job: the helper's plan
+    already holds the job's fields; the ray.init wrapper passes it on under the override."""
+    job = JOBS["working_dir+py_modules+own hook"]
+    helper = plan(None, job, ship=True).runtime_env
+    again = plan(helper, job, ship=True)
+    assert again.override and again.runtime_env == helper
+    merged = ray_merge(job, again)
+    assert merged["env_vars"][CHAIN_ENV] == "usermod.hook" and merged["py_modules"][:1] == MODS
+    changed = {**helper, "env_vars": {**helper["env_vars"], "A": "other"}}  # not the job's value
+    assert plan(changed, job).route == "none"  # a real conflict: left to Ray
