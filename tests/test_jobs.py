@@ -92,7 +92,15 @@ def client():
 def run_job(client, entrypoint: str, runtime_env: dict, env_vars: dict | None = None) -> tuple[str, str]:
     if env_vars:
         runtime_env = {**runtime_env, "env_vars": {**runtime_env.get("env_vars", {}), **env_vars}}
-    job = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env or None)
+    deadline = time.monotonic() + 90
+    while True:  # right after `ray start`, the job agent may not be registered yet
+        try:
+            job = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env or None)
+            break
+        except RuntimeError as e:
+            if "No available agent" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(2)
     deadline = time.monotonic() + 180
     while not (status := client.get_job_status(job)).is_terminal():
         assert time.monotonic() < deadline, client.get_job_logs(job)[-3000:]
@@ -162,3 +170,16 @@ def test_control_without_the_shim_an_own_hook_job_is_not_streaming(client, files
     assert status == "SUCCEEDED", logs[-3000:]
     out = result(logs)
     assert out["hook_runs"] == "1" and out["stage_download"] not in PATCHED
+
+
+def test_a_pip_job_installs_the_shim_itself_and_nothing_is_shipped(client, files, built):
+    """``runtime_env={"pip": [the wheel]}``: the entrypoint imports the copy Ray installed into the job's
+    virtualenv, and the workers have it there too: the shim adds its hook, never ``py_modules``."""
+    [wheel] = built.glob("*.whl")
+    spec = {"working_dir": files["wd"], "pip": [str(wheel)]}
+    status, logs = run_job(client, f"{PY} entry.py", spec)
+    assert status == "SUCCEEDED", logs[-4000:]
+    out = result(logs)
+    assert out["shim_loaded"] and out["stage_download"] in PATCHED, out
+    assert "pip" in out["runtime_env_keys"] and "py_modules" not in out["runtime_env_keys"], out
+    assert "py_modules (this package)" not in logs

@@ -86,8 +86,14 @@ class RayCluster:
         return proc
 
     def start_head(self, *extra: str, env: Optional[dict[str, str]] = None) -> RayCluster:
+        # Every fixed default port (agents, metrics, client server) gets a free one: another cluster on
+        # this machine (a developer's, a concurrent run) must not make ours lose its job agent.
+        ports = [f"--{name}={free_port()}" for name in (
+            "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
+            "runtime-env-agent-port", "ray-client-server-port")]
         dash = ([f"--dashboard-port={self.dashboard_port}", "--dashboard-host=127.0.0.1", "--include-dashboard=true"]
                 if self.dashboard else ["--include-dashboard=false"])
+        dash = [*dash, *ports]
         self.ray("start", "--head", f"--port={self.port}", f"--temp-dir={self.root / 't'}",
                  "--node-ip-address=127.0.0.1", *dash, *extra, env=env)
         return self
