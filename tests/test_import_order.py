@@ -198,6 +198,8 @@ def test_what_ray_2_48_gets_wrapped():
         f"{targets.NODE_INIT}._initialize_local_node", f"{targets.NODE_INIT}.download_model_files",
         f"{targets.VLLM_MODELS}.VLLMEngineConfig.get_initialization_kwargs",
         "vllm.engine.arg_utils.EngineArgs.create_engine_config",
+        # #12: config-deployed Serve apps (acts only inside a Ray worker: the controller's build task).
+        f"{targets.SERVE_BUILD_APP}._set_default_runtime_env",
     } | {f"{m}.download_model_files" for m in TOKENIZER_MODULES_IF_PLANNED}
     assert runs[targets.VLLM_ARG_UTILS]["shim_first"]["state"]["EngineArgs.create_engine_config"] == 2
 
