@@ -110,13 +110,12 @@ def _kwargs_without_format(**extra):
 @pytest.mark.parametrize(
     "engine_kwargs",
     [
-        streaming_kwargs("auto"),
-        streaming_kwargs("safetensors"),
+        streaming_kwargs("auto"),  # (safetensors takes the same non-streaming branch: decide.py's tests)
         streaming_kwargs("no_such_format"),
         # The streamer's options without load_format: not a streaming request.
         _kwargs_without_format(model_loader_extra_config={"concurrency": 4}),
     ],
-    ids=["auto", "safetensors", "unknown", "extra-config-only"],
+    ids=["auto", "unknown", "extra-config-only"],
 )
 def test_non_streaming_requests_get_exactly_rays_behaviour(s3, models, sandbox, engine_kwargs):
     model = models["tiny"]

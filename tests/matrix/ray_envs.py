@@ -30,12 +30,13 @@ RAY_RELEASES: tuple[str, ...] = (
     "2.52.1", "2.53.0", "2.54.1", "2.55.1", "2.56.1", "2.57.1", "2.58.1", "2.59.0", "2.60.0",
 )  # fmt: skip
 
-#: What CI runs on every submission: release checks on the first patched release, each release
-#: whose plan differs (2.50: no endpoint patch; 2.51: the sharded format) and the newest; the
-#: end-to-end pipeline where the plan's shape changes (CI_E2E). 2.48 is `./dev test`'s own Ray;
-#: every other minor runs in the full matrix (`./dev matrix`), which writes the README tables.
-RAY_CI: tuple[str, ...] = ("2.45.0", "2.50.1", "2.51.2", "2.60.0")
-CI_E2E: tuple[str, ...] = ("2.45.0", "2.51.2")
+#: What CI runs on every submission: release checks on the first patched release, the one
+#: with its own code path (2.51: the sharded format) and the newest; the end-to-end pipeline on
+#: 2.51 (CI_E2E). 2.48 is `./dev test`'s own Ray (its end-to-end tests run there); every other
+#: minor, the oracle and wrapt 1.14 run in the full matrix (`./dev matrix`), which writes the
+#: README tables. Measured: this subset takes ~17 min on a fresh 2-core machine.
+RAY_CI: tuple[str, ...] = ("2.45.0", "2.51.2", "2.60.0")
+CI_E2E: tuple[str, ...] = ("2.51.2",)
 
 #: Extra pure-Python packages a release imports that the base venv (built for 2.48) lacks.
 EXTRA: dict[str, tuple[str, ...]] = {}
