@@ -1,6 +1,6 @@
 """A real Ray cluster started with ``ray start``, stopped without touching anyone else's Ray.
 
-``ray stop --force`` kills every Ray process on the machine. Instead, every process of
+Ray's own stop command acts on every Ray process on the machine. Instead, every process of
 this cluster inherits a unique marker in its environment (``RRS_TEST_CLUSTER``); stopping
 sends SIGTERM, then SIGKILL, to exactly the processes that carry it (read from
 ``/proc/<pid>/environ``), so a developer's own Ray, or another test run, is left alone.
