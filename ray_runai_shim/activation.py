@@ -191,15 +191,6 @@ def plan_for_init(args: tuple, kwargs: dict) -> Optional[InitEnv]:
     return _plan(kwargs.get("runtime_env"), ship=ship)
 
 
-def prepare_init_kwargs(args: tuple, kwargs: dict) -> dict:
-    """``ray.init``'s kwargs with the shim merged into this job's runtime_env."""
-    plan = plan_for_init(args, kwargs)
-    if plan is None:
-        return kwargs
-    _say(plan)
-    return {**kwargs, "runtime_env": plan.runtime_env}
-
-
 @fail_open("extending the job's runtime_env", fallback="ray.init runs with your arguments; workers will not load the shim")
 def ray_init(original: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
     """``ray.init`` wrapper: the job's runtime_env gains what workers need to load the shim."""

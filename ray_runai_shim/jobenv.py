@@ -21,7 +21,7 @@ when ``ray.init``'s value wins per field. ``image_uri``/``container`` combine on
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 SETUP_HOOK = "ray_runai_shim.activation.worker_setup"
@@ -44,7 +44,6 @@ class InitEnv:
     added: tuple[str, ...] = ()
     forwarded: tuple[str, ...] = ()
     warning: Optional[str] = None
-    notes: tuple[str, ...] = field(default=())
 
 
 def _fields(env: Mapping[str, Any]) -> set[str]:
@@ -113,10 +112,9 @@ def plan_init_env(
         if already_merged(job_env, user_env):
             # ray.init(runtime_env=ray_runai_shim.runtime_env()) in a submitted job: the shim's own
             # plan, which already holds every field of the job's.
-            return InitEnv(user_env, override=True, notes=("the shim's own runtime_env",))
+            return InitEnv(user_env, override=True)
         # Ray raises its own merge error, exactly as it would without the shim.
-        return InitEnv(dict(user) if user is not None else None, route="none",
-                       notes=("the job's and ray.init's runtime_env conflict; left to Ray",))
+        return InitEnv(dict(user) if user is not None else None, route="none")
     merged = {**job_env, **user_env}
     merged_vars = {**(job_env.get("env_vars") or {}), **(user_env.get("env_vars") or {})}
     new_vars = {k: v for k, v in forward.items() if k not in merged_vars}

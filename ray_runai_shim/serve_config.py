@@ -44,15 +44,16 @@ def with_autoload(ray_actor_options: Any) -> dict[str, Any]:
     return options
 
 
-_said: set[str] = set()
+_said = False
 
 
 def _say_once() -> None:
-    key = "warn" if not autoload_installed() else "info"
-    if key in _said:
+    """One line per build task (it builds every deployment of the app)."""
+    global _said
+    if _said:
         return
-    _said.add(key)
-    if key == "warn":
+    _said = True
+    if not autoload_installed():
         logger.warning(
             "ray-runai-shim: this Serve app is deployed from a config file, so its replicas load the shim "
             "only through the wheel's autoload, and ray-runai-shim is not installed as a package here "
