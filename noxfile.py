@@ -103,13 +103,20 @@ def oracle(session: nox.Session) -> None:
                 env=MATRIX_ENV)
 
 
+@nox.session(name="serve-releases")
+def serve_releases(session: nox.Session) -> None:
+    """Serve's node initialisation on every patched minor (`./dev test` runs one per code path)."""
+    session.run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_serve.py", "-k",
+                "every_patched_ray", env={**MATRIX_ENV, "RAY_RUNAI_SHIM_SERVE_ALL_RELEASES": "1"})
+
+
 @nox.session(name="compat-table")
 def compat_table(session: nox.Session) -> None:
     session.run(sys.executable, "tests/matrix/report.py", "--readme", "README.md")
 
 
 def _notify(session: nox.Session, releases: tuple[str, ...], vllm: tuple[str, ...] = VLLM_RELEASES,
-            extra: tuple[str, ...] = ("oracle", "wrapt-1.14")) -> None:
+            extra: tuple[str, ...] = ("oracle", "wrapt-1.14", "serve-releases")) -> None:
     for name in (*(f"ray-{v}" for v in releases), *(f"vllm-{v}" for v in vllm), *extra):
         session.notify(name)
 

@@ -138,3 +138,61 @@ def delete_prefix(client: Any, prefix: str) -> None:
     keys = [{"Key": o["Key"]} for o in resp.get("Contents", [])]
     if keys:
         client.delete_objects(Bucket=BUCKET, Delete={"Objects": keys})
+
+
+#: Llama-shaped layer sizes for the cold-start checkpoint: head_dim 64 (vLLM's CPU attention
+#: supports it), GQA 16/4. One float32 layer is ~60 MiB, so the layer count sets the size.
+LLAMA_DIMS = {"hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 16,
+              "num_key_value_heads": 4}
+
+
+def llama_layers_for(weight_bytes: int, vocab_size: int) -> int:
+    """How many float32 layers make the checkpoint about *weight_bytes* (at least 1)."""
+    h, i = LLAMA_DIMS["hidden_size"], LLAMA_DIMS["intermediate_size"]
+    kv = h * LLAMA_DIMS["num_key_value_heads"] // LLAMA_DIMS["num_attention_heads"]
+    per_layer = (2 * h * h + 2 * h * kv + 3 * h * i + 2 * h) * 4
+    fixed = (2 * vocab_size * h + h) * 4  # untied embeddings + lm_head + final norm
+    return max(1, round((weight_bytes - fixed) / per_layer))
+
+
+def build_llama(out: Path, weight_bytes: int, tokenizer_dir: Path, shard_bytes: int = 600 * MIB) -> dict[str, Any]:
+    """A real, loadable Llama checkpoint of about *weight_bytes* (random float32 weights, seed 0).
+
+    vLLM must actually run it (the cold-start benchmark times the real engine), so it
+    uses transformers' own ``LlamaForCausalLM`` and ``save_pretrained`` (sharded), and
+    the locally trained tokenizer of the tests' tiny model (``tokenizer_dir``).
+    """
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab = json.loads((tokenizer_dir / "config.json").read_text())["vocab_size"]
+    config = LlamaConfig(
+        **LLAMA_DIMS,
+        num_hidden_layers=llama_layers_for(weight_bytes, vocab),
+        vocab_size=vocab,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, max_shard_size=shard_bytes, safe_serialization=True)
+    del model
+    for p in tokenizer_dir.iterdir():
+        if p.is_file() and not p.name.endswith(".safetensors") and p.name not in (
+            "config.json", "generation_config.json", "model.safetensors.index.json"
+        ):
+            shutil.copy2(p, out / p.name)
+    files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
+    return {
+        "files": files,
+        "layers": config.num_hidden_layers,
+        "weight_bytes": sum(s for n, s in files.items() if n.endswith(".safetensors")),
+        "nonweight_bytes": sum(s for n, s in files.items() if not n.endswith(".safetensors")),
+        "shards": sum(n.endswith(".safetensors") for n in files),
+    }

@@ -79,3 +79,76 @@ def test_build_model_writes_valid_shards_and_walk_bytes_splits_them(tmp_path):
     disk = bench_measure.walk_bytes([tmp_path])
     assert disk["weight_bytes"] == model["weight_bytes"] and disk["weight_files"] == ["m/model.safetensors"]
     assert disk["nonweight_bytes"] == model["nonweight_bytes"]
+
+
+# --- the cold-start benchmark (bench_coldstart*.py, bench_engine.py, rrs_timing) ---------------
+
+import bench_coldstart  # noqa: E402
+import bench_coldstart_report  # noqa: E402
+
+
+def _run(method: str, first: float, download: float, load: float, written: int, store: int) -> dict:
+    result = {"method": method, "engines": 1, "ray": "2.48.0", "shim_loaded": method == "shim", "rows": 4,
+              "t_build": 100.0, "t_first": 100.0 + first, "t_last": 101.0 + first, "sample": "x"}
+    events = [
+        {"event": "download", "start": 10.0, "end": 10.0 + download},
+        {"event": "load", "start": 20.0, "end": 20.0 + load, "loader": "L", "peak_rss_kib": 2048,
+         "ancestors": [{"pid": 2, "cmdline": "VLLM::EngineCore", "peak_rss_kib": 9999 * 1024},
+                       {"pid": 1, "cmdline": "ray::_MapWorker.__init__", "peak_rss_kib": 1024 * 1024}]},
+    ]
+    return bench_coldstart.summarize_run(result, events, {"weight_bytes": written}, store)
+
+
+def test_summarize_run_reads_the_driver_stamps_the_timers_and_the_actor_by_its_ray_name():
+    r = _run("shim", 40.0, 0.1, 5.0, 0, 123)
+    assert r["first_output_s"] == 40.0 and r["last_output_s"] == 41.0
+    assert r["download_s"] == pytest.approx(0.1) and r["load_s"] == 5.0 and r["loader"] == ["L"]
+    assert r["engine_peak_rss_mib"] == 2.0
+    assert r["actor_peak_rss_mib"] == 1024.0  # the ray:: ancestor, not the EngineCore in between
+    assert r["weight_bytes_written"] == 0 and r["store_bytes"] == 123
+
+
+def test_medians_ratios_and_the_readme_block(tmp_path, capsys):
+    runs = [_run("ray-alone", 44.0, 4.0, 3.0, 1000, 1000), _run("ray-alone", 46.0, 4.0, 3.0, 1000, 1000),
+            _run("shim", 45.0, 0.1, 5.0, 0, 1000), _run("shim", 45.0, 0.1, 5.0, 0, 1000),
+            _run("native", 50.0, 0.2, 5.0, 0, 1000)]
+    data = {"runs": runs, "multi": [], "settings": [
+        {"settings": {}, "seconds": 2.0, "peak_rss_mib": 500.0},
+        {"settings": {"RUNAI_STREAMER_CONCURRENCY": "4"}, "seconds": 3.0, "peak_rss_mib": 400.0}]}
+    summary = bench_coldstart_report.report(data)
+    med = summary["medians"]
+    assert med["ray-alone"]["first_output_s"] == 45.0 and med["ray-alone"]["runs"] == 2
+    assert summary["ratios"]["shim/ray-alone"]["first_output_s"] == pytest.approx(1.0)
+    assert summary["ratios"]["shim/native"]["first_output_s"] == pytest.approx(0.9)
+    assert summary["ratios"]["shim/ray-alone"]["weight_bytes_written"] == 0
+    out = capsys.readouterr().out
+    assert "| time to first output | 45.00 s | 45.00 s | 50.00 s | 1.00 | 0.90 |" in out
+    assert "| RUNAI_STREAMER_CONCURRENCY=4 | 3.00 s | 400 MiB |" in out
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\nbefore\n{bench_coldstart_report.BEGIN}\nSTALE-TEXT\n{bench_coldstart_report.END}\nafter\n")
+    data.update(summary, when="now", env={"cpus": 2, "platform": "p"},
+                model={"weight_bytes": 1 << 30, "layers": 17, "shards": 2})
+    bench_coldstart_report.write_readme(readme, bench_coldstart_report.readme_block(data))
+    text = readme.read_text()
+    assert "STALE-TEXT" not in text and text.startswith("# x\nbefore\n") and text.endswith("\nafter\n")
+    assert "1.00 GiB float32 Llama (17 layers, 2 shards)" in text
+    with pytest.raises(SystemExit, match="needs exactly one"):
+        bench_coldstart_report.write_readme(_without_markers(tmp_path), "x")
+
+
+def _without_markers(tmp_path: Path) -> Path:
+    p = tmp_path / "plain.md"
+    p.write_text("no markers\n")
+    return p
+
+
+def test_llama_layers_for_hits_the_size():
+    layers = bench_models.llama_layers_for(1 << 30, 1000)
+    assert 15 <= layers <= 19  # ~60 MiB per float32 layer
+    assert bench_models.llama_layers_for(1, 1000) == 1
+
+
+def test_every_method_has_its_env_and_the_shim_is_only_on_for_the_shim():
+    assert set(bench_coldstart.METHOD_ENV) == set(bench_coldstart.METHODS)
+    for method, env in bench_coldstart.METHOD_ENV.items():
+        assert ("RAY_RUNAI_SHIM_DISABLE" in env) == (method != "shim")

@@ -15,6 +15,7 @@ Ray 2.48's Serve was written against vLLM 0.9/0.10; the test-only adapters in
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -153,9 +154,15 @@ def test_serve_plan_per_ray_release(version, patched):
 
 # --------------------------------------------------------------------------- every patched Ray
 
-#: Both ends of the patched range plus this venv's 2.48; each runs in its layered env
-#: (tests/matrix/ray_envs.py), no engine: Serve's own node initialisation against moto.
-SERVE_VERSIONS = ("2.45.0", "2.47.1", "2.48.0", "2.49.2", "2.50.1", "2.51.2")
+#: Every patched minor's Serve node initialisation against moto, no engine, each in its layered
+#: env (tests/matrix/ray_envs.py). `./dev test` runs one release per code path (2.45-2.48 pass
+#: the engine config, 2.49-2.50 the LLMConfig, 2.51 a per-node remote task) plus this venv's
+#: 2.48; `./dev matrix` (nox session serve-releases) sets SERVE_ALL_RELEASES and runs them all.
+SERVE_ALL_RELEASES = "RAY_RUNAI_SHIM_SERVE_ALL_RELEASES"
+SERVE_VERSIONS = (
+    ("2.45.0", "2.47.1", "2.48.0", "2.49.2", "2.50.1", "2.51.2") if os.environ.get(SERVE_ALL_RELEASES)
+    else ("2.45.0", "2.48.0", "2.49.2", "2.51.2")
+)
 CASES = [(v, "uri") for v in SERVE_VERSIONS] + [(v, "mirror") for v in ("2.45.0", "2.48.0", "2.51.2")]
 
 NODE_INIT = """

@@ -23,10 +23,12 @@ its own module (``rrs_`` = ray-runai-shim, so no name here shadows a real packag
    ``S3FileSystem`` at ``AWS_ENDPOINT_URL(_S3)``; pyarrow ignores those vars
    (apache/arrow#49643). Only for control runs with the shim disabled: it makes Ray's
    own download path reach the fake S3.
-5. ``serve_compat`` -- ``RAY_RUNAI_SHIM_TEST_SERVE_COMPAT=1``: Ray 2.48 Serve LLM drift
+5. ``rrs_timing`` -- ``RAY_RUNAI_SHIM_BENCH_TIMING=/path/file.jsonl``: the cold-start
+   benchmark's download and weight-load timers and peak RSS (bench/bench_coldstart.py).
+6. ``serve_compat`` -- ``RAY_RUNAI_SHIM_TEST_SERVE_COMPAT=1``: Ray 2.48 Serve LLM drift
    (imported, not installed: its hooks register at import).
 
-Each env var is independent; ``wrapt`` is imported only if one of 2-4 is on.
+Each env var is independent; ``wrapt`` is imported only if one of 2-5 is on.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 import rrs_compat
 import rrs_endpoint
 import rrs_engine_recorder
+import rrs_timing
 from rrs_engine_recorder import STOP_MESSAGE  # noqa: F401  - re-exported, as before the split
 from rrs_flags import (  # noqa: F401  - re-exported, as before the split
     ENV_COMPAT,
@@ -48,7 +51,7 @@ from rrs_flags import (  # noqa: F401  - re-exported, as before the split
 from rrs_site_chain import chain_shadowed_sitecustomize
 
 #: Installed in this order, each only if its ``enabled()`` says so.
-ADAPTERS = (rrs_compat, rrs_engine_recorder, rrs_endpoint)
+ADAPTERS = (rrs_compat, rrs_engine_recorder, rrs_endpoint, rrs_timing)
 
 
 def __getattr__(name: str) -> Any:
