@@ -39,11 +39,11 @@ from bench_coldstart_report import readme_block, report, write_readme
 from bench_measure import walk_bytes
 from bench_models import GIB, MIB, build_llama, upload_dir
 from bench_report import env_info
-from bench_servers import BUCKET, REPO_ROOT, S3rver, ensure_s3rver, s3_client
+from bench_servers import BUCKET, REPO_ROOT, S3rver, ensure_s3rver, s3_client  # also puts tests/ on sys.path
+from support.procs import SITE  # the test site dir: its hooks reach Ray workers and vLLM processes
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_JSON = BENCH_DIR / "results" / "coldstart.json"
-SITE = REPO_ROOT / "tests" / "support" / "site"
 ENGINE = BENCH_DIR / "bench_engine.py"
 STREAMER = BENCH_DIR / "bench_streamer.py"
 RUN_TIMEOUT_S = 1800
@@ -103,10 +103,10 @@ def summarize_run(result: dict[str, Any], events: list[dict[str, Any]], disk: di
 
 
 class Bench:
-    """One benchmark run: the server, the model in the bucket, and the per-run scratch dirs."""
+    """Runs against one server: each run in its own scratch dirs, with its method's python and env."""
 
-    def __init__(self, workdir: Path, server: S3rver, pythons: dict[str, str]) -> None:
-        self.workdir, self.server, self.pythons = workdir, server, pythons
+    def __init__(self, server: S3rver, pythons: dict[str, str]) -> None:
+        self.server, self.pythons = server, pythons
 
     def env(self, scratch: Path, method: str, timing: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_RUNAI_SHIM")}
@@ -196,7 +196,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     pythons = {"ray-alone": sys.executable, "shim": sys.executable}
     if "native" in methods:
-        sys.path.insert(0, str(REPO_ROOT / "tests"))
         from matrix import oracle_env
 
         pythons["native"] = str(oracle_env.build_env())
@@ -208,7 +207,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         server = S3rver(ensure_s3rver(), workdir / "s3rver-data", workdir / "s3rver.log").start()
         client = s3_client(server.endpoint)
         client.create_bucket(Bucket=BUCKET)
-        sys.path.insert(0, str(REPO_ROOT / "tests"))
         from support.tiny_model import build_tiny_model
 
         tokenizer_dir = build_tiny_model(workdir / "tiny")
@@ -219,7 +217,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         uri = f"s3://{BUCKET}/{prefix}"
         print(f"{uri}: {model['layers']} layers, {model['shards']} shards, {model['weight_bytes']:,} weight B "
               f"(built and uploaded in {time.perf_counter() - t:.0f} s)", flush=True)
-        bench = Bench(workdir, server, pythons)
+        bench = Bench(server, pythons)
         runs: list[dict[str, Any]] = []
         for i in range(args.runs):
             order = methods if i % 2 == 0 else methods[::-1]  # alternate, so drift hits every method alike

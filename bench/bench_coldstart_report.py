@@ -6,6 +6,8 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional
 
+from bench_models import MIB
+
 BEGIN = "<!-- bench-coldstart:begin -->"
 END = "<!-- bench-coldstart:end -->"
 #: What each method is, for the tables.
@@ -16,7 +18,6 @@ LABELS = {
 }
 METRICS = ("first_output_s", "download_s", "load_s", "weight_bytes_written", "actor_peak_rss_mib",
            "engine_peak_rss_mib", "store_bytes")
-MIB = 1 << 20
 
 
 def _median(values: list[Optional[float]]) -> Optional[float]:
