@@ -105,9 +105,13 @@ def oracle(session: nox.Session) -> None:
 
 @nox.session(name="serve-releases")
 def serve_releases(session: nox.Session) -> None:
-    """Serve's node initialisation on every patched minor (`./dev test` runs one per code path)."""
+    """Serve's node initialisation on every patched minor, and the bare-model_id fix on every
+    affected one (`./dev test` runs one per code path)."""
+    env = {**MATRIX_ENV, "RAY_RUNAI_SHIM_SERVE_ALL_RELEASES": "1"}
     session.run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_serve.py", "-k",
-                "every_patched_ray", env={**MATRIX_ENV, "RAY_RUNAI_SHIM_SERVE_ALL_RELEASES": "1"})
+                "every_patched_ray", env=env)
+    session.run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_serve_mirror.py",
+                env=env)
 
 
 @nox.session(name="compat-table")

@@ -26,7 +26,8 @@ two things:
    config in a separate ``ray.remote`` task (GPU deployments).
 
 Not covered: pipeline parallelism > 1 on 2.45-2.50 (Ray downloads per node in
-``ray.remote`` tasks whose result it ignores), and 2.52+ (``support.SERVE_RANGES``).
+``ray.remote`` tasks whose result it ignores). 2.52+ download nothing for a streaming
+format; 2.52-2.58's bare-``model_id`` handoff is :mod:`.serve_mirror`'s.
 """
 
 from __future__ import annotations

@@ -29,6 +29,8 @@ SERVE_HANDOFF = "serve-handoff"  # give Serve's vLLM engine the weights URI next
 RUNTIME_ENV = "vllm-runtime-env"  # keep vLLM's own ray.init valid under the job's setup hook
 TOKENIZER = "tokenizer-download"  # serve tokenizer-only downloads complete, from the snapshot
 SERVE_ACTIVATION = "serve-activation"  # carry the shim into replicas of config-deployed apps
+SERVE_MIRROR = "serve-mirror-uri"  # give Serve's vLLM engine the mirror URI, not the bare model_id
+S3_ANONYMOUS = "s3-anonymous"  # map Ray's s3://anonymous@ URIs to the streamer's unsigned mode (2.51+)
 
 
 class Range(NamedTuple):
@@ -36,6 +38,7 @@ class Range(NamedTuple):
     high: tuple[int, int]  # exclusive
     patches: frozenset[str]
     why: str
+    needs: str = ""  # patch only where this package is installed (else nothing: not applicable)
 
 
 RAY_RANGES: tuple[Range, ...] = (
@@ -58,18 +61,27 @@ RAY_RANGES: tuple[Range, ...] = (
     Range(
         (2, 51),
         (2, 52),
-        frozenset({SHARDED_FORMAT, ACTIVATION, RUNTIME_ENV, TOKENIZER}),
+        frozenset({SHARDED_FORMAT, ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS}),
         "the vLLM stage streams runai_streamer/tensorizer but not runai_streamer_sharded; "
-        "tokenizer-only downloads drop chat_template.jinja, vocab.json, ... (ray#62047)",
+        "tokenizer-only downloads drop chat_template.jinja, vocab.json, ... (ray#62047); "
+        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open",
     ),
     Range(
         (2, 52),
         (2, 56),
-        frozenset({ACTIVATION, RUNTIME_ENV, TOKENIZER}),
+        frozenset({ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS}),
         "the vLLM stage streams all formats natively; tokenizer-only downloads drop "
-        "chat_template.jinja, vocab.json, merges.txt, ... (ray#62047, fixed in 2.56)",
+        "chat_template.jinja, vocab.json, merges.txt, ... (ray#62047, fixed in 2.56); "
+        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open",
     ),
-    Range((2, 56), (2, 61), frozenset(), "the vLLM stage streams all formats natively"),
+    Range(
+        (2, 56),
+        (2, 61),
+        frozenset({ACTIVATION, S3_ANONYMOUS}),
+        "the vLLM stage streams all formats natively, but s3://anonymous@ URIs reach vLLM as "
+        "given, which the streamer cannot open",
+        needs="vllm",
+    ),
 )
 
 #: Ray Serve LLM, by the same rules. Ranges the shim does not patch say what the
@@ -92,16 +104,18 @@ SERVE_RANGES: tuple[Range, ...] = (
     Range(
         (2, 52),
         (2, 57),
-        frozenset(),
-        "Serve LLM streams string URIs natively; a CloudMirrorConfig source with a streaming "
-        "load_format hands vLLM the bare model_id (not covered: use a string URI)",
+        frozenset({SERVE_MIRROR, ACTIVATION, SERVE_ACTIVATION}),
+        "Serve LLM streams string URIs natively, but a CloudMirrorConfig source with a streaming "
+        "load_format hands vLLM the bare model_id (fixed in 2.59 by ray#65753): the shim gives "
+        "vLLM the mirror URI",
     ),
     Range(
         (2, 57),
         (2, 59),
-        frozenset(),
+        frozenset({SERVE_MIRROR, ACTIVATION, SERVE_ACTIVATION}),
         "Serve LLM hands vLLM the bare model_id for every remote source with a streaming "
-        "load_format (Ray regression, not covered: use Ray >= 2.59)",
+        "load_format (ray#64978/ray#65477, a 2.57 regression fixed in 2.59): the shim gives vLLM "
+        "the source URI",
     ),
     Range((2, 59), (2, 61), frozenset(), "Serve LLM streams string URIs and CloudMirrorConfig natively"),
 )
@@ -122,12 +136,24 @@ class Plan(NamedTuple):
     known: bool
 
 
+def installed(package: str) -> bool:
+    """Whether *package* can be imported here, without importing it."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def plan_for(ray_version: str, ranges: tuple[Range, ...] = RAY_RANGES) -> Plan:
     """Which patches the table asks for on this Ray (Ray Data's table unless told)."""
     v = parse_version(ray_version)
     if v is not None:
         for r in ranges:
             if r.low <= v[:2] < r.high:
+                if r.needs and not installed(r.needs):
+                    return Plan(ray_version, frozenset(), f"{r.why} ({r.needs} is not installed here)", True)
                 return Plan(ray_version, r.patches, r.why, True)
     return Plan(
         ray_version,

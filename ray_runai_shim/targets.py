@@ -22,9 +22,11 @@ from .support import (
     ENDPOINT,
     HANDOFF,
     RUNTIME_ENV,
+    S3_ANONYMOUS,
     SERVE_ACTIVATION,
     SERVE_DOWNLOAD,
     SERVE_HANDOFF,
+    SERVE_MIRROR,
     SHARDED_FORMAT,
     TOKENIZER,
 )
@@ -90,6 +92,8 @@ TARGETS: tuple[Target, ...] = (
     Target(HANDOFF, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", "ray_runai_shim.vllm_args:inject_weights"),
     Target(RUNTIME_ENV, VLLM_ARG_UTILS, "EngineArgs.create_engine_config",
            "ray_runai_shim.vllm_args:clean_runtime_env"),
+    # Ray 2.52+ hands vLLM s3://anonymous@ URIs as given (Ray Data and Serve alike).
+    Target(S3_ANONYMOUS, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", "ray_runai_shim.anonymous:create_engine_config"),
     # Serve LLM 2.45-2.50: node init in the replica, then vLLM's arguments.
     Target(SERVE_DOWNLOAD, NODE_INIT, "_initialize_local_node", "ray_runai_shim.serve:local_node",
            unless_has="STREAMING_LOAD_FORMATS", requires=("download_model_files",)),
@@ -103,6 +107,9 @@ TARGETS: tuple[Target, ...] = (
            requires=("initialize_remote_node",)),
     Target(SERVE_HANDOFF, ENGINES_VLLM_MODELS, "VLLMEngineConfig.get_initialization_kwargs",
            "ray_runai_shim.serve:init_kwargs"),
+    # Serve LLM 2.52-2.58: a streaming mirror source reaches vLLM as the bare model_id (ray#64978).
+    Target(SERVE_MIRROR, ENGINES_VLLM_MODELS, "VLLMEngineConfig.get_initialization_kwargs",
+           "ray_runai_shim.serve_mirror:init_kwargs"),
 )
 
 

@@ -140,15 +140,25 @@ print(json.dumps(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)))
 
 @pytest.mark.parametrize(
     "version, patched",
-    [("2.44.1", False), ("2.45.0", True), ("2.48.0", True), ("2.50.1", True), ("2.51.2", True),
-     ("2.52.1", False), ("2.56.1", False), ("2.57.1", False), ("2.58.1", False), ("2.60.0", False),
-     ("2.61.0", False)],
+    [("2.44.1", ""), ("2.45.0", "download"), ("2.48.0", "download"), ("2.50.1", "download"),
+     ("2.51.2", "download"), ("2.52.1", "mirror"), ("2.56.1", "mirror"), ("2.57.1", "mirror"),
+     ("2.58.1", "mirror"), ("2.59.0", ""), ("2.60.0", ""), ("2.61.0", "")],
 )
 def test_serve_plan_per_ray_release(version, patched):
-    from ray_runai_shim.support import SERVE_ACTIVATION, SERVE_DOWNLOAD, SERVE_HANDOFF, SERVE_RANGES, plan_for
+    from ray_runai_shim.support import (
+        ACTIVATION,
+        SERVE_ACTIVATION,
+        SERVE_DOWNLOAD,
+        SERVE_HANDOFF,
+        SERVE_MIRROR,
+        SERVE_RANGES,
+        plan_for,
+    )
 
     plan = plan_for(version, SERVE_RANGES)
-    assert set(plan.patches) == ({SERVE_DOWNLOAD, SERVE_HANDOFF, SERVE_ACTIVATION} if patched else set())
+    expected = {"": set(), "download": {SERVE_DOWNLOAD, SERVE_HANDOFF, SERVE_ACTIVATION},
+                "mirror": {SERVE_MIRROR, ACTIVATION, SERVE_ACTIVATION}}[patched]
+    assert set(plan.patches) == expected
     assert plan.why  # the one INFO line says why, patched or not
 
 

