@@ -26,11 +26,15 @@ class Handoff(NamedTuple):
     how: str  # for the one INFO line
 
 
+#: The streamer's switch for unsigned S3 requests (Ray spells it ``anonymous@`` in the URI).
+UNSIGNED = "RUNAI_STREAMER_S3_UNSIGNED"
+
+
 def streamer_uri(uri: str) -> tuple[str, dict[str, str]]:
     """Ray's ``s3://anonymous@bucket/...`` means unsigned access; the streamer spells it
     ``s3://bucket/...`` plus ``RUNAI_STREAMER_S3_UNSIGNED=1``."""
     plain, anonymous = split_anonymous(uri)
-    return plain, ({"RUNAI_STREAMER_S3_UNSIGNED": "1"} if anonymous else {})
+    return plain, ({UNSIGNED: "1"} if anonymous else {})
 
 
 def vllm_takes_model_weights() -> bool:

@@ -10,6 +10,7 @@ the tables gets nothing.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import NamedTuple
 
@@ -136,8 +137,10 @@ class Plan(NamedTuple):
     known: bool
 
 
+@functools.cache
 def installed(package: str) -> bool:
-    """Whether *package* can be imported here, without importing it."""
+    """Whether *package* can be imported here, without importing it (once per process: the
+    plan is asked on every consumer-module import)."""
     import importlib.util
 
     try:

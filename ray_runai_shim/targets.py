@@ -92,7 +92,7 @@ TARGETS: tuple[Target, ...] = (
     Target(HANDOFF, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", "ray_runai_shim.vllm_args:inject_weights"),
     Target(RUNTIME_ENV, VLLM_ARG_UTILS, "EngineArgs.create_engine_config",
            "ray_runai_shim.vllm_args:clean_runtime_env"),
-    # Ray 2.52+ hands vLLM s3://anonymous@ URIs as given (Ray Data and Serve alike).
+    # Ray 2.51+ hands vLLM s3://anonymous@ URIs as given (Ray Data and Serve alike).
     Target(S3_ANONYMOUS, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", "ray_runai_shim.anonymous:create_engine_config"),
     # Serve LLM 2.45-2.50: node init in the replica, then vLLM's arguments.
     Target(SERVE_DOWNLOAD, NODE_INIT, "_initialize_local_node", "ray_runai_shim.serve:local_node",

@@ -11,6 +11,7 @@ from ray_runai_shim.support import (
     S3_ANONYMOUS,
     SHARDED_FORMAT,
     TOKENIZER,
+    installed,
     is_streaming_format,
     normalize_load_format,
     parse_version,
@@ -46,7 +47,9 @@ def test_without_vllm_ray_2_56_on_gets_nothing(version, monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    installed.cache_clear()
     plan = plan_for(version)
+    installed.cache_clear()
     assert plan.known and plan.patches == frozenset() and "vllm is not installed here" in plan.why
 
 
