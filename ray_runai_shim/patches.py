@@ -22,7 +22,7 @@ import wrapt
 
 from . import _bootstrap, registry, settings, targets
 from .log import logger
-from .support import SERVE_RANGES, Plan, patches_for, plan_for
+from .support import SERVE_RANGES, Plan, parse_version, patches_for, plan_for
 
 _lock = threading.Lock()  # guards the three flags below only
 _installed = False
@@ -75,7 +75,26 @@ def _has(module: ModuleType, path: str) -> bool:
         return False
 
 
+def _outside(only_for: tuple) -> Optional[str]:
+    """Why a target limited to some releases of a package does not apply here (None: it does)."""
+    if not only_for:
+        return None
+    package, low, high = only_for
+    try:
+        version = getattr(importlib.import_module(package), "__version__", "")
+    except ImportError:
+        return f"{package} is not installed"
+    v = parse_version(version)
+    if v is None or not (low <= v[:2] < high):
+        return f"{package} {version} is outside {low[0]}.{low[1]}-{high[0]}.{high[1] - 1}"
+    return None
+
+
 def _apply(target: targets.Target, module: ModuleType) -> None:
+    outside = _outside(target.only_for)
+    if outside:
+        logger.debug("ray-runai-shim: %s; not patching %s (no bug to fix there)", outside, target.name)
+        return
     if target.unless_has and _has(module, target.unless_has):
         logger.debug("ray-runai-shim: %s has %s (fixed upstream); leaving %s", module.__name__,
                      target.unless_has, target.name)

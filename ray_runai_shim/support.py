@@ -32,6 +32,14 @@ TOKENIZER = "tokenizer-download"  # serve tokenizer-only downloads complete, fro
 SERVE_ACTIVATION = "serve-activation"  # carry the shim into replicas of config-deployed apps
 SERVE_MIRROR = "serve-mirror-uri"  # give Serve's vLLM engine the mirror URI, not the bare model_id
 S3_ANONYMOUS = "s3-anonymous"  # map Ray's s3://anonymous@ URIs to the streamer's unsigned mode (2.51+)
+AUX_PULL = "vllm-aux-pull"  # fetch vLLM's non-weight files once per node, locked (vLLM 0.11-0.15 race)
+
+#: vLLM releases whose own pull of the non-weight files wipes and re-creates a shared
+#: directory on every engine config (``rmtree`` + ``makedirs``): engines starting together
+#: on one node race (ray#60681). vLLM 0.16 fixed it (vllm#33604). [low, high), (major, minor).
+VLLM_AUX_PULL_RACE: tuple[tuple[int, int], tuple[int, int]] = ((0, 11), (0, 16))
+_RACE_WHY = ("with vLLM 0.11-0.15, engines starting together on one node race on vLLM's own pull of "
+             "the non-weight files (ray#60681): the shim fetches them once per node, locked")
 
 
 class Range(NamedTuple):
@@ -62,18 +70,18 @@ RAY_RANGES: tuple[Range, ...] = (
     Range(
         (2, 51),
         (2, 52),
-        frozenset({SHARDED_FORMAT, ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS}),
+        frozenset({SHARDED_FORMAT, ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS, AUX_PULL}),
         "the vLLM stage streams runai_streamer/tensorizer but not runai_streamer_sharded; "
         "tokenizer-only downloads drop chat_template.jinja, vocab.json, ... (ray#62047); "
-        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open",
+        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open; " + _RACE_WHY,
     ),
     Range(
         (2, 52),
         (2, 56),
-        frozenset({ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS}),
+        frozenset({ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS, AUX_PULL}),
         "the vLLM stage streams all formats natively; tokenizer-only downloads drop "
         "chat_template.jinja, vocab.json, merges.txt, ... (ray#62047, fixed in 2.56); "
-        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open",
+        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open; " + _RACE_WHY,
     ),
     Range(
         (2, 56),
@@ -105,10 +113,10 @@ SERVE_RANGES: tuple[Range, ...] = (
     Range(
         (2, 52),
         (2, 57),
-        frozenset({SERVE_MIRROR, ACTIVATION, SERVE_ACTIVATION}),
+        frozenset({SERVE_MIRROR, ACTIVATION, SERVE_ACTIVATION, AUX_PULL}),
         "Serve LLM streams string URIs natively, but a CloudMirrorConfig source with a streaming "
         "load_format hands vLLM the bare model_id (fixed in 2.59 by ray#65753): the shim gives "
-        "vLLM the mirror URI",
+        "vLLM the mirror URI; " + _RACE_WHY,
     ),
     Range(
         (2, 57),

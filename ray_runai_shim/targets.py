@@ -6,7 +6,9 @@ use (a ``module:function`` string, imported only when the consumer module is),
 and under which patch name the version tables in :mod:`.support` switch it on.
 Feature checks have the last word: ``unless_has`` skips a target when the
 module already has the upstream fix, ``requires`` names what must exist for
-the wrapper to make sense (else one WARNING: Ray changed shape).
+the wrapper to make sense (else one WARNING: Ray changed shape), ``only_for``
+limits it to the releases of another package that carry the bug (``(package,
+low, high)``: that package's ``__version__`` in [low, high)).
 
 The installer (:mod:`.patches`), the banner, ``status()``, ``doctor`` and the
 tests are all generated from :data:`TARGETS`. Nothing here imports anything.
@@ -18,6 +20,7 @@ from typing import NamedTuple
 
 from .support import (
     ACTIVATION,
+    AUX_PULL,
     DOWNLOAD,
     ENDPOINT,
     HANDOFF,
@@ -29,6 +32,7 @@ from .support import (
     SERVE_MIRROR,
     SHARDED_FORMAT,
     TOKENIZER,
+    VLLM_AUX_PULL_RACE,
 )
 
 STAGE_MODULE = "ray.llm._internal.batch.stages.vllm_engine_stage"
@@ -58,6 +62,7 @@ class Target(NamedTuple):
     unless_has: str = ""
     requires: tuple[str, ...] = ()
     value: str = ""
+    only_for: tuple = ()  # (package, (major, minor) low, (major, minor) high): else not applicable
 
     @property
     def name(self) -> str:
@@ -94,6 +99,10 @@ TARGETS: tuple[Target, ...] = (
            "ray_runai_shim.vllm_args:clean_runtime_env"),
     # Ray 2.51+ hands vLLM s3://anonymous@ URIs as given (Ray Data and Serve alike).
     Target(S3_ANONYMOUS, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", "ray_runai_shim.anonymous:create_engine_config"),
+    # vLLM 0.11-0.15 wipe and re-pull the non-weight files per engine: engines on one node race
+    # (ray#60681). After s3-anonymous in this table, so it wraps outside it and sees Ray's URI.
+    Target(AUX_PULL, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", "ray_runai_shim.aux_pull:create_engine_config",
+           only_for=("vllm", *VLLM_AUX_PULL_RACE)),
     # Serve LLM 2.45-2.50: node init in the replica, then vLLM's arguments.
     Target(SERVE_DOWNLOAD, NODE_INIT, "_initialize_local_node", "ray_runai_shim.serve:local_node",
            unless_has="STREAMING_LOAD_FORMATS", requires=("download_model_files",)),

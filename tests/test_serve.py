@@ -141,12 +141,13 @@ print(json.dumps(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)))
 @pytest.mark.parametrize(
     "version, patched",
     [("2.44.1", ""), ("2.45.0", "download"), ("2.48.0", "download"), ("2.50.1", "download"),
-     ("2.51.2", "download"), ("2.52.1", "mirror"), ("2.56.1", "mirror"), ("2.57.1", "mirror"),
+     ("2.51.2", "download"), ("2.52.1", "mirror+race"), ("2.56.1", "mirror+race"), ("2.57.1", "mirror"),
      ("2.58.1", "mirror"), ("2.59.0", ""), ("2.60.0", ""), ("2.61.0", "")],
 )
 def test_serve_plan_per_ray_release(version, patched):
     from ray_runai_shim.support import (
         ACTIVATION,
+        AUX_PULL,
         SERVE_ACTIVATION,
         SERVE_DOWNLOAD,
         SERVE_HANDOFF,
@@ -157,7 +158,9 @@ def test_serve_plan_per_ray_release(version, patched):
 
     plan = plan_for(version, SERVE_RANGES)
     expected = {"": set(), "download": {SERVE_DOWNLOAD, SERVE_HANDOFF, SERVE_ACTIVATION},
-                "mirror": {SERVE_MIRROR, ACTIVATION, SERVE_ACTIVATION}}[patched]
+                "mirror": {SERVE_MIRROR, ACTIVATION, SERVE_ACTIVATION},
+                # + the aux-pull race fix (a no-op unless vLLM is 0.11-0.15: only_for)
+                "mirror+race": {SERVE_MIRROR, ACTIVATION, SERVE_ACTIVATION, AUX_PULL}}[patched]
     assert set(plan.patches) == expected
     assert plan.why  # the one INFO line says why, patched or not
 

@@ -149,8 +149,12 @@ def _vkey(path: Path) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", path.stem))
 
 
+def _race(v: dict) -> bool:
+    return "control" in (v.get("checks") or {}) or v.get("tests") == "vllm_race"
+
+
 def vllm_table() -> str:
-    paths = sorted(RESULTS.glob("vllm-*.json"), key=_vkey)
+    paths = [p for p in sorted(RESULTS.glob("vllm-*.json"), key=_vkey) if not _race(json.loads(p.read_text()))]
     if not paths:
         return "not run\n"
     lines = [
@@ -179,6 +183,34 @@ def vllm_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def race_table() -> str:
+    """vLLM 0.11-0.15's aux-pull race (tests/matrix/vllm_race/): N engines x rounds, without and with the shim."""
+    runs = [v for v in (json.loads(p.read_text()) for p in sorted(RESULTS.glob("vllm-*.json"), key=_vkey)) if _race(v)]
+    if not runs:
+        return "not run\n"
+    lines = [
+        "| vLLM | driven by Ray | engine starts without the shim | errors | with the shim | GETs per "
+        "non-weight object | tensors vLLM's loader streamed (signed / `anonymous@`) | result |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for v in runs:
+        c = v.get("checks") or {}
+        ctl, shim = c.get("control") or {}, c.get("with_shim") or {}
+        streamed = " / ".join(f"{a}: {c[f'streamed_{a}']['tensors']}" for a in ("signed", "anonymous")
+                              if f"streamed_{a}" in c) or "—"
+        total = ctl.get("engines", 0) * ctl.get("rounds", 0)
+        kinds = ", ".join(f"{k} ×{n}" for k, n in sorted((ctl.get("kinds") or {}).items())) or "—"
+        gets = sorted({n for p, n in (shim.get("gets") or {}).items() if p.count("/") > 1})
+        stotal = shim.get("engines", 0) * shim.get("rounds", 0)
+        lines.append(
+            f"| {v['vllm']} | {v.get('ray', '')} | {ctl.get('failed', '?')} of {total} failed | {kinds} "
+            f"| {stotal - shim.get('failed', 0) if shim else '?'} of {stotal} started | "
+            f"{'/'.join(map(str, gets)) or '—'} | {streamed} tensors, each equal | "
+            f"{'pass' if v.get('passed') else '**FAIL**'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def oracle_table() -> str:
     path = RESULTS / "oracle.json"
     if not path.exists():
@@ -196,7 +228,7 @@ def oracle_table() -> str:
     return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {val} |" for k, val in rows) + "\n"
 
 
-BLOCKS = {"ray": ray_table, "vllm": vllm_table, "oracle": oracle_table}
+BLOCKS = {"ray": ray_table, "vllm": vllm_table, "race": race_table, "oracle": oracle_table}
 
 
 def rewrite(readme: Path) -> None:

@@ -16,9 +16,8 @@ import re
 import pytest
 import ray
 from matrix.ray_envs import RESULTS
-from support.fixtures import BUCKET
+from support.fixtures import public_copy
 from support.procs import base_env, last_json, run_python
-from support.tiny_model import upload_dir
 
 from ray_runai_shim.support import parse_version
 
@@ -309,23 +308,13 @@ def test_every_planned_target_exists_on_this_release():
 
 #: Ray hands vLLM the model URI as given (2.43-2.44, and 2.51 on); ``s3://anonymous@`` is Ray's spelling.
 ANONYMOUS_PASSED_THROUGH = V < (2, 45) or V >= (2, 51)
-PUBLIC_BUCKET = "public-models"  # anyone may list and read it (policy + object ACLs), as moto checks unsigned requests
 
 
 @pytest.mark.parametrize("shim", [False, True], ids=["ray-alone", "shim"])
 def test_an_anonymous_uri_streams_with_unsigned_requests(s3, models, sandbox, shim):
     """``s3://anonymous@bucket/...`` on a worker with no credentials at all (a public bucket)."""
     model = models["tiny-sharded"]
-    client = s3.client()
-    if PUBLIC_BUCKET not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
-        client.create_bucket(Bucket=PUBLIC_BUCKET)
-        client.put_bucket_policy(Bucket=PUBLIC_BUCKET, Policy=json.dumps({"Version": "2012-10-17", "Statement": [
-            {"Effect": "Allow", "Principal": "*", "Action": ["s3:GetObject", "s3:ListBucket"],
-             "Resource": [f"arn:aws:s3:::{PUBLIC_BUCKET}", f"arn:aws:s3:::{PUBLIC_BUCKET}/*"]}]}))
-        upload_dir(client, model.local, PUBLIC_BUCKET, f"llm/{model.name}")
-        for obj in client.list_objects_v2(Bucket=PUBLIC_BUCKET)["Contents"]:
-            client.put_object_acl(Bucket=PUBLIC_BUCKET, Key=obj["Key"], ACL="public-read")
-    public = model.uri.replace(f"s3://{BUCKET}/", f"s3://{PUBLIC_BUCKET}/", 1)
+    public = public_copy(s3, model)
     uri = public.replace("s3://", "s3://anonymous@", 1)
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         sandbox.env.pop(key, None)

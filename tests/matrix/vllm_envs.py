@@ -28,6 +28,11 @@ CUDA wheel installed ``--no-deps`` over the base venv's CPU torch 2.13 imports
     python tests/matrix/vllm_envs.py 0.10.1            # build/reuse, run, write the verdict
     python tests/matrix/vllm_envs.py 0.10.1 --rebuild  # from scratch
 
+vLLM 0.13.0 and 0.15.1 (paired with Ray 2.53.0 and 2.54.1, whose stage hands vLLM
+the URI) run ``tests/matrix/vllm_race/`` instead: vLLM 0.11-0.15's own pull of the non-weight
+files races between engines on one node (ray#60681), and the shim's
+``vllm-aux-pull`` patch removes the race (:data:`TESTS`).
+
 Verdicts: ``.matrix/results/vllm-<ver>.json``. Exit status 1 when the test fails.
 """
 
@@ -52,6 +57,7 @@ BASE_SITE = BASE / "lib" / PYVER / "site-packages"
 MATRIX = REPO / ".matrix"
 RESULTS = MATRIX / "results"
 TEST_DIR = REPO / "tests" / "matrix" / "vllm_handoff"
+RACE_DIR = REPO / "tests" / "matrix" / "vllm_race"
 TEST_CACHE = MATRIX / "test-cache"  # the tiny models, built once with the base venv
 
 _HUB = ("tokenizers==0.21.4", "huggingface_hub==0.34.4", "gguf==0.17.1")
@@ -64,7 +70,11 @@ RAY_FOR: dict[str, str] = {
     "0.10.0": "2.49.2",
     "0.10.1": "2.50.1",
     "0.10.2": "2.50.1",
+    "0.13.0": "2.53.0",  # Ray 2.53 (vllm>=0.12.0): vLLM pulls; no EngineArgs.model_weights yet
+    "0.15.1": "2.54.1",  # Ray 2.54 (vllm>=0.15.0): vLLM pulls the non-weight files itself
 }
+#: vLLM release -> the tests its layer runs (the handoff unless named here).
+TESTS: dict[str, Path] = {"0.13.0": RACE_DIR, "0.15.1": RACE_DIR}
 #: vLLM release -> what its layer installs with --no-deps (transformers: that release's era).
 PINS: dict[str, tuple[str, ...]] = {
     "0.8.5": ("vllm==0.8.5", "transformers==4.51.3", *_HUB),
@@ -72,6 +82,10 @@ PINS: dict[str, tuple[str, ...]] = {
     "0.10.0": ("vllm==0.10.0", "transformers==4.54.1", *_HUB),
     "0.10.1": ("vllm==0.10.1", "transformers==4.55.2", *_HUB),
     "0.10.2": ("vllm==0.10.2", "transformers==4.55.4", *_HUB),
+    "0.13.0": ("vllm==0.13.0", "transformers==4.57.6", "tokenizers==0.22.2", "huggingface_hub==0.36.2",
+               "gguf==0.17.1"),
+    "0.15.1": ("vllm==0.15.1", "transformers==4.57.6", "tokenizers==0.22.2", "huggingface_hub==0.36.2",
+               "gguf==0.17.1"),
 }
 BASE_RAY = "2.48.0"
 for _v, _ray in RAY_FOR.items():
@@ -264,7 +278,7 @@ def run(version: str, rebuild: bool = False) -> dict[str, Any]:
             "TMPDIR": str(root / "tmp"), "RRS_VLLM_DETAILS": str(details), "RRS_VLLM_SANDBOX": str(root),
         })
         proc = subprocess.run(
-            [str(python_path(version)), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", str(TEST_DIR)],
+            [str(python_path(version)), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", str(TESTS.get(version, TEST_DIR))],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=1800,
         )
         verdict["test_seconds"] = round(time.perf_counter() - start, 1)
@@ -278,7 +292,10 @@ def run(version: str, rebuild: bool = False) -> dict[str, Any]:
             verdict["error"] = "\n".join(errors[:20]) or f"pytest exit status {proc.returncode}"
         if details.exists():
             verdict["checks"] = json.loads(details.read_text())
-            verdict["summary"] = summarize(verdict["checks"])
+            if TESTS.get(version, TEST_DIR) == TEST_DIR:
+                verdict["summary"] = summarize(verdict["checks"])
+            else:
+                verdict["tests"] = TESTS[version].name
     out.write_text(json.dumps(verdict, indent=1, sort_keys=False))
     return verdict
 

@@ -68,6 +68,25 @@ def layout_models(s3) -> dict[str, TinyModel]:
     return out
 
 
+PUBLIC_BUCKET = "public-models"  # anyone may list and read it (policy + object ACLs), as moto checks unsigned requests
+
+
+def public_copy(s3: S3Server, model: TinyModel) -> str:
+    """*model* in a public bucket (made once per server); its plain ``s3://`` URI there."""
+    client = s3.client()
+    if PUBLIC_BUCKET not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
+        client.create_bucket(Bucket=PUBLIC_BUCKET)
+        client.put_bucket_policy(Bucket=PUBLIC_BUCKET, Policy=json.dumps({"Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Principal": "*", "Action": ["s3:GetObject", "s3:ListBucket"],
+             "Resource": [f"arn:aws:s3:::{PUBLIC_BUCKET}", f"arn:aws:s3:::{PUBLIC_BUCKET}/*"]}]}))
+    prefix = f"llm/{model.name}"
+    if not client.list_objects_v2(Bucket=PUBLIC_BUCKET, Prefix=f"{prefix}/").get("Contents"):
+        upload_dir(client, model.local, PUBLIC_BUCKET, prefix)
+        for obj in client.list_objects_v2(Bucket=PUBLIC_BUCKET, Prefix=f"{prefix}/")["Contents"]:
+            client.put_object_acl(Bucket=PUBLIC_BUCKET, Key=obj["Key"], ACL="public-read")
+    return model.uri.replace(f"s3://{BUCKET}/", f"s3://{PUBLIC_BUCKET}/", 1)
+
+
 @pytest.fixture(scope="session")
 def built(tmp_path_factory) -> Path:
     """The sdist and wheel, built from this checkout the way a release would be."""

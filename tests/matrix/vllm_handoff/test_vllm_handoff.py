@@ -23,11 +23,8 @@ safetensors written locally.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
-import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +33,7 @@ import torch
 from safetensors.torch import load_file
 from support.diskscan import find_weight_bytes
 from support.fixtures import BUCKET
+from support.vllm_loader import load_with_vllm_loader
 
 import ray_runai_shim
 from ray_runai_shim import handoff
@@ -58,45 +56,6 @@ def record(key: str, value: Any) -> None:
     data = json.loads(path.read_text()) if path.exists() else {}
     data[key] = value
     path.write_text(json.dumps(data, indent=1, default=str))
-
-
-class WeightRecorder(torch.nn.Module):
-    """Stands for the model class: keeps what the loader streams into ``load_weights``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.streamed: dict[str, torch.Tensor] = {}
-        self.devices: set[str] = set()
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        for name, tensor in weights:
-            self.devices.add(str(tensor.device))
-            self.streamed[name] = tensor.detach().to("cpu").clone()
-        return set(self.streamed)
-
-
-def load_with_vllm_loader(config: Any) -> tuple[Any, WeightRecorder]:
-    """vLLM's own loader for *config*, its own ``load_model``; only the model class is ours."""
-    from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader import get_model_loader
-
-    loader = get_model_loader(config.load_config)
-    recorder = WeightRecorder()
-    module = sys.modules[type(loader).load_model.__module__]  # loader.py (0.8.5) / base_loader.py
-    name = "initialize_model" if hasattr(module, "initialize_model") else "_initialize_model"
-    original = getattr(module, name)
-    setattr(module, name, lambda *a, **k: recorder)
-    params = inspect.signature(loader.load_model).parameters
-    kwargs = {"vllm_config": config}
-    if "model_config" in params:  # 0.9.2+
-        kwargs["model_config"] = config.model_config
-    try:
-        with set_current_vllm_config(config):
-            loaded = loader.load_model(**kwargs)
-    finally:
-        setattr(module, name, original)
-    assert loaded is recorder
-    return loader, recorder
 
 
 class EngineStandIn:
