@@ -231,9 +231,12 @@ def oracle_table() -> str:
 BLOCKS = {"ray": ray_table, "vllm": vllm_table, "race": race_table, "oracle": oracle_table}
 
 
-def rewrite(readme: Path) -> None:
+def rewrite(readme: Path, blocks: tuple[str, ...] = tuple(BLOCKS)) -> None:
+    """Rewrite *blocks* of *readme* from the verdicts here (a partial run: only its own blocks)."""
     text = readme.read_text()
     for name, render in BLOCKS.items():
+        if name not in blocks:
+            continue
         start, end = f"<!-- matrix:{name}:start -->", f"<!-- matrix:{name}:end -->"
         pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
         if pattern.search(text):
@@ -245,9 +248,10 @@ def rewrite(readme: Path) -> None:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--readme", type=Path)
+    ap.add_argument("--blocks", default=",".join(BLOCKS), help=f"which of {', '.join(BLOCKS)} (default: all)")
     args = ap.parse_args(argv)
     if args.readme:
-        rewrite(args.readme)
+        rewrite(args.readme, tuple(args.blocks.split(",")))
     else:
         for name, render in BLOCKS.items():
             print(f"## {name}\n{render()}")
