@@ -25,13 +25,22 @@ two things:
    the manifest the fetch wrote, so it also works where Ray builds the engine
    config in a separate ``ray.remote`` task (GPU deployments).
 
-Not covered: pipeline parallelism > 1 on 2.45-2.50 (Ray downloads per node in
-``ray.remote`` tasks whose result it ignores). 2.52+ download nothing for a streaming
-format; 2.52-2.58's bare-``model_id`` handoff is :mod:`.serve_mirror`'s.
+3. **Pipeline parallelism > 1 on 2.45-2.50.** Ray's ``initialize_worker_nodes``
+   runs the full download in a ``ray.remote(download_model_files)`` task on every
+   node of the placement group and ignores the paths, so vLLM (and, on 2.45-2.47,
+   ``apply_checkpoint_info``) get the bare URI or model id and the deployment
+   fails after every node copied the weights. :func:`worker_nodes` runs
+   :func:`node_fetch` on each of those nodes instead (a plain module-level
+   function: Ray pickles it by reference, so the node runs the shim's code) and
+   sets ``hf_model_id`` to the directory, which is the same path on every node.
+
+2.52+ download nothing for a streaming format; 2.52-2.58's bare-``model_id``
+handoff is :mod:`.serve_mirror`'s.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from typing import Any, Callable, Optional
@@ -39,9 +48,10 @@ from typing import Any, Callable, Optional
 from .cache import snapshot_source
 from .context import StageContext, current_weights
 from .decide import FULL, bind, download_kind, mirror_uri, streaming_request
+from .errors import ShimError
 from .failopen import NotApplicable, fail_open
 from .handoff import plan_handoff, vllm_takes_model_weights
-from .log import log_handoff
+from .log import log_handoff, logger
 from .nonweights import fetch_for
 from .support import is_streaming_format, normalize_load_format
 
@@ -149,6 +159,72 @@ def remote_node_download(original: Callable[..., Any], instance: Any, args: tupl
 
     check_loader_importable(ctx.model, ctx.load_format)
     return _fetch_then_extras(original, params, ctx)
+
+
+# --------------------------------------------------------------------------- PP > 1 (2.45-2.50)
+
+
+def node_fetch(ctx: StageContext, model_id: str, mirror_config: Any, extra_files: bool) -> tuple[str, str, dict]:
+    """On one node of the placement group: the non-weight snapshot, plus a mirror's extra
+    files (Ray's own download of them, without the model). Returns (node id, dir, stats)."""
+    import ray
+
+    local_dir = fetch_for(ctx)
+    if extra_files and getattr(mirror_config, "extra_files", None):
+        from ray.llm._internal.common.utils.download_utils import NodeModelDownloadable, download_model_files
+
+        download_model_files(model_id=model_id, mirror_config=mirror_config,
+                             download_model=NodeModelDownloadable.NONE, download_extra_files=True)
+    return ray.get_runtime_context().get_node_id(), local_dir, ctx.stats
+
+
+async def _fetch_on_nodes(original: Callable[..., Any], args: tuple, kwargs: dict, params: dict,
+                          engine_config: Any, ctx: StageContext) -> None:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    try:
+        nodes = sorted(set(ray.util.placement_group_table(params["placement_group"])["bundles_to_node_id"].values()))
+        task = ray.remote(node_fetch)
+        results = await asyncio.gather(*[
+            task.options(num_cpus=1, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+                         runtime_env=params.get("runtime_env")).remote(
+                ctx, engine_config.actual_hf_model_id, engine_config.mirror_config, params.get("download_extra_files"))
+            for node in nodes
+        ])
+    except ShimError:
+        raise
+    except Exception:
+        logger.warning("ray-runai-shim: the per-node non-weight fetch failed (a shim bug; please report it): %s",
+                       COPIES, exc_info=True)
+        return await original(*args, **kwargs)
+    dirs = sorted({d for _node, d, _stats in results})
+    if len(dirs) != 1:
+        raise ShimError(
+            f"ray-runai-shim: the nodes of this deployment's placement group put the non-weight files of "
+            f"{ctx.model} at different paths ({', '.join(dirs)}), but vLLM is handed one path for all of them. "
+            "Fix: give every node the same HF_HOME (or RAY_RUNAI_SHIM_CACHE_DIR), writable by the Ray workers."
+        )
+    ctx.local_dir, ctx.stats = dirs[0], results[0][2]
+    engine_config.hf_model_id = ctx.local_dir  # the cached config Ray reads from here on
+    with _lock:
+        _fetched[ctx.local_dir] = ctx
+    logger.info("ray-runai-shim: the non-weight files of %s are at %s on all %d node(s) of the placement group "
+                "(pipeline parallel); no weight file was copied", ctx.model, ctx.local_dir, len(results))
+
+
+@fail_open("reading Serve's per-node download", fallback=COPIES)
+def worker_nodes(original: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``initialize_worker_nodes`` (PP > 1): the non-weight fetch on every node, and the path kept."""
+    params = bind(original, args, kwargs)
+    engine_config = params["llm_config"].get_engine_config()
+    ctx = streaming_source(engine_config)
+    if ctx is None or getattr(params.get("download_model"), "name", None) != "MODEL_AND_TOKENIZER":
+        raise NotApplicable("not a streaming engine's full per-node download")
+    from .requirements import check_loader_importable
+
+    check_loader_importable(ctx.model, ctx.load_format)
+    return _fetch_on_nodes(original, args, kwargs, params, engine_config, ctx)
 
 
 # --------------------------------------------------------------------------- handoff

@@ -108,6 +108,9 @@ TARGETS: tuple[Target, ...] = (
            unless_has="STREAMING_LOAD_FORMATS", requires=("download_model_files",)),
     Target(SERVE_DOWNLOAD, NODE_INIT, "download_model_files", "ray_runai_shim.serve:local_node_download",
            unless_has="STREAMING_LOAD_FORMATS", requires=("_initialize_local_node",)),
+    # ... and with pipeline parallelism > 1, Ray's full download on every node of the placement group.
+    Target(SERVE_DOWNLOAD, NODE_INIT, "initialize_worker_nodes", "ray_runai_shim.serve:worker_nodes",
+           unless_has="STREAMING_LOAD_FORMATS", requires=("initialize_node",)),
     Target(SERVE_HANDOFF, VLLM_MODELS, "VLLMEngineConfig.get_initialization_kwargs",
            "ray_runai_shim.serve:init_kwargs"),
     # Serve LLM 2.51: per-node ray.remote(initialize_remote_node) downloads (not the task itself:

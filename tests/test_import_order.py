@@ -196,6 +196,7 @@ def test_what_ray_2_48_gets_wrapped():
         f"{stage}.download_model_files", f"{stage}.vLLMEngineStageUDF.__init__", f"{stage}.vLLMEngineWrapper.__init__",
         "ray.llm._internal.common.utils.cloud_utils.CloudFileSystem.get_fs_and_path",
         f"{targets.NODE_INIT}._initialize_local_node", f"{targets.NODE_INIT}.download_model_files",
+        f"{targets.NODE_INIT}.initialize_worker_nodes",  # #15: Serve with pipeline parallelism > 1
         f"{targets.VLLM_MODELS}.VLLMEngineConfig.get_initialization_kwargs",
         "vllm.engine.arg_utils.EngineArgs.create_engine_config",
         # #12: config-deployed Serve apps (acts only inside a Ray worker: the controller's build task).

@@ -27,6 +27,7 @@ from support.fixtures import BUCKET, make_sandbox
 from support.procs import REPO, last_json
 
 MODEL = "tiny-sharded"
+NODE_INIT_MODULE = "ray.llm._internal.serve.deployments.utils.node_initialization_utils"
 DRIVER = REPO / "tests" / "support" / "serve_app.py"
 
 
@@ -253,6 +254,73 @@ def test_serve_node_init_fetches_only_non_weights_on_every_patched_ray(s3, model
         assert not list((sandbox.root / "hf" / "hub").glob("models--*"))
         assert any(n.endswith("node_initialization_utils.download_model_files") for n in got["patched"])
         assert any(n.endswith("VLLMEngineConfig.get_initialization_kwargs") for n in got["patched"])
+    finally:
+        shutil.rmtree(sandbox.root, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- pipeline parallel > 1
+
+PP_NODE_INIT = """
+import ray_runai_shim, asyncio, json, sys
+import ray
+from ray.llm._internal.serve.configs.server_models import LLMConfig
+import ray.llm._internal.serve.deployments.utils.node_initialization_utils as ni
+
+ray.init(address=sys.argv[2])
+config = LLMConfig(model_loading_config={"model_id": "tiny", "model_source": json.loads(sys.argv[1])},
+                   engine_kwargs={"load_format": "runai_streamer", "pipeline_parallel_size": 2, "max_model_len": 128},
+                   resources_per_bundle={"slot": 1})
+engine_config = config.get_engine_config()
+out = {"strategy": engine_config.placement_strategy, "patched": ray_runai_shim.status()["patched"]}
+# What a Serve replica's engine start runs (2.48's LLMServer): node init, vLLM's arguments, checkpoint info.
+node = asyncio.run(ni.initialize_node(config))
+out["nodes"] = sorted(set(ray.util.placement_group_table(node.placement_group)["bundles_to_node_id"].values()))
+kwargs = engine_config.get_initialization_kwargs()
+out.update(hf_model_id=engine_config.actual_hf_model_id, model=kwargs.get("model"),
+           model_weights=kwargs.get("model_weights"))
+try:
+    config.apply_checkpoint_info(engine_config.actual_hf_model_id)
+    out["architecture"] = config.model_architecture
+except Exception as e:
+    out["error"] = f"{type(e).__name__}: {e}"[:300]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("shim", [False, True], ids=["ray-alone", "shim"])
+def test_serve_pipeline_parallel_fetches_non_weights_on_every_node(s3, models, shim):
+    """PP=2 across a real two-node ``ray start`` cluster (Ray 2.48): Ray runs its node-init
+    download on each node of the placement group and ignores the paths; the deployment then
+    fails in ``apply_checkpoint_info`` on the URI (the control). With the shim each node fetches
+    the non-weight files only, and Ray's flow gets that directory."""
+    from support.cluster import RayCluster
+
+    model = models[MODEL]
+    extra = {} if shim else {"RAY_RUNAI_SHIM_DISABLE": "1", "RAY_RUNAI_SHIM_TEST_ENDPOINT_ADAPTER": "1"}
+    sandbox = make_sandbox(s3, Path(tempfile.mkdtemp(prefix="rrs-svp-", dir="/tmp")),
+                           RAY_RUNAI_SHIM_TEST_SERVE_COMPAT="1", RAY_USAGE_STATS_ENABLED="0", **extra)
+    try:
+        with RayCluster(sandbox.env, root=sandbox.root / "cluster") as cluster:
+            cluster.start_head('--resources={"slot": 1}', "--num-cpus=1")
+            cluster.add_node('--resources={"slot": 1}', "--num-cpus=1")
+            proc = subprocess.run([sys.executable, "-c", PP_NODE_INIT, json.dumps(model.uri), cluster.address],
+                                  env=sandbox.env, cwd=str(sandbox.root), capture_output=True, text=True,
+                                  timeout=300)
+            assert proc.returncode == 0, proc.stderr[-6000:]
+            got = last_json(proc)
+            assert got["strategy"] == "PACK" and len(got["nodes"]) == 2, got  # two nodes, one download task each
+            if not shim:
+                assert got["hf_model_id"] == got["model"] == model.uri, got
+                assert got["error"].startswith("OSError: Repo id must be in the form") and model.uri in got["error"]
+                assert len(sandbox.weight_bytes_on_disk(model)) == len(model.weights)  # copied anyway
+                return
+            [shim_dir] = sandbox.shim_dirs()
+            assert f"{NODE_INIT_MODULE}.initialize_worker_nodes" in got["patched"]
+            assert got["hf_model_id"] == got["model"] == str(shim_dir) and got["model_weights"] == model.uri, got
+            assert got.get("architecture") == "LlamaForCausalLM", got  # checkpoint info read the local dir
+            assert f"at {shim_dir} on all 2 node(s) of the placement group" in proc.stderr  # one fetch task per node
+            assert sandbox.weight_bytes_on_disk(model) == []
+            assert not list((sandbox.root / "hf" / "hub").glob("models--*"))
     finally:
         shutil.rmtree(sandbox.root, ignore_errors=True)
 
