@@ -108,7 +108,8 @@ SERVE_RANGES: tuple[Range, ...] = (
         (2, 52),
         frozenset({SERVE_DOWNLOAD, SERVE_HANDOFF, SERVE_ACTIVATION}),
         "Serve LLM's node initialisation downloads the whole model (string URI or "
-        "CloudMirrorConfig) and hands vLLM the local copy",
+        "CloudMirrorConfig; with pipeline parallelism > 1 on every node of the placement group) and "
+        "hands vLLM the local copy",
     ),
     Range(
         (2, 52),
