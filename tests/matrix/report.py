@@ -83,10 +83,15 @@ def _serve(v: dict) -> str:
     if not names:
         return "none"
     labels = []
-    if any(n.endswith("download_model_files") for n in names):
+    downloads = any(n.endswith("download_model_files") for n in names)
+    if downloads:
         labels.append("narrowed node-init download")
+    if any(n.endswith("initialize_worker_nodes") for n in names):
+        labels.append("per-node fetch (pipeline parallel)")
     if any(n.endswith("get_initialization_kwargs") for n in names):
-        labels.append("handoff")
+        labels.append("handoff" if downloads else "mirror URI instead of the bare `model_id`")
+    if any(n.endswith("_set_default_runtime_env") for n in names):
+        labels.append("config-deployed replicas")
     return ", ".join(labels)
 
 
