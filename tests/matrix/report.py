@@ -123,7 +123,20 @@ def _counts(c: dict[str, int] | None) -> str:
     return text
 
 
-def ray_table() -> str:
+def _previous_e2e(previous: str) -> dict[str, str]:
+    """The end-to-end cell of each release in the README's current table (its last column)."""
+    cells = {}
+    for line in previous.splitlines():
+        parts = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(parts) > 2 and re.fullmatch(r"\d+\.\d+\.\d+", parts[0]):
+            cells[parts[0]] = parts[-1]
+    return cells
+
+
+def ray_table(previous: str = "") -> str:
+    """One row per release from this run's verdicts. A release-checks-only run has no end-to-end
+    result: that cell keeps the README's current one, marked as from an earlier run."""
+    earlier = _previous_e2e(previous)
     head = (
         "| Ray | Ray alone, `runai_streamer` | Ray alone, `runai_streamer_sharded` | the shim patches "
         "| with the shim (both formats) | Serve LLM: the shim patches "
@@ -141,11 +154,14 @@ def ray_table() -> str:
         e2e_runs = _junit(RESULTS / f"ray-{version}-e2e.xml")
         e2e = _sum(e2e_runs.get("test_pipeline") or e2e_runs.get("test_sharded_pipeline"),
                    e2e_runs.get("test_default_stages"))
+        e2e_cell = _counts(e2e)
+        if e2e is None and earlier.get(version, "—").rstrip(")").split(" (")[0] not in ("—", "not run", ""):
+            e2e_cell = f"{earlier[version].split(' (')[0]} (earlier run)"
         control = v.get("control") or {}
         rows.append(
             f"| {version} | {_alone(control.get(FORMATS[0]))} | {_alone(control.get(FORMATS[1]))} "
             f"| {_patches(v)} | {_with_shim(v)} | {_serve(v)} | {_tokenizer(v)} | {_counts(release)} "
-            f"| {_counts(e2e)} |"
+            f"| {e2e_cell} |"
         )
     return head + "\n".join(rows) + "\n"
 
@@ -244,8 +260,9 @@ def rewrite(readme: Path, blocks: tuple[str, ...] = tuple(BLOCKS)) -> None:
             continue
         start, end = f"<!-- matrix:{name}:start -->", f"<!-- matrix:{name}:end -->"
         pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
-        if pattern.search(text):
-            block = f"{start}\n{render()}{end}"
+        found = pattern.search(text)
+        if found:
+            block = f"{start}\n{render(found.group(0)) if name == 'ray' else render()}{end}"
             text = pattern.sub(lambda _m, b=block: b, text)
     readme.write_text(text)
 
