@@ -106,11 +106,11 @@ def oracle(session: nox.Session) -> None:
 
 @nox.session(name="serve-releases")
 def serve_releases(session: nox.Session) -> None:
-    """Serve's node initialisation on every patched minor, and the bare-model_id fix on every
-    affected one (`./dev test` runs one per code path)."""
+    """Serve's node initialisation on every patched minor (with pipeline parallelism > 1 on
+    2.45-2.50), and the bare-model_id fix on every affected one (`./dev test` runs one per code path)."""
     env = {**MATRIX_ENV, "RAY_RUNAI_SHIM_SERVE_ALL_RELEASES": "1"}
     session.run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_serve.py", "-k",
-                "every_patched_ray", env=env)
+                "every_patched_ray or pipeline_parallel", env=env)
     session.run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_serve_mirror.py",
                 env=env)
 
