@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from support.fixtures import BUCKET, make_sandbox
-from support.procs import REPO, last_json
+from support.procs import REPO, last_json, run_python
 
 MODEL = "tiny-sharded"
 NODE_INIT_MODULE = "ray.llm._internal.serve.deployments.utils.node_initialization_utils"
@@ -378,10 +378,8 @@ def test_vllm_engine_core_can_join_ray_under_the_setup_hook(s3, models, mode):
     extra = {"RAY_RUNAI_SHIM_DISABLE": "1"} if mode == "user-hook" else {}
     sandbox = make_sandbox(s3, Path(tempfile.mkdtemp(prefix="rrs-sve-", dir="/tmp")), **extra)
     try:
-        proc = subprocess.run([sys.executable, "-c", RUNTIME_ENV, str(models[MODEL].local), mode],
-                              env=sandbox.env, cwd=str(sandbox.root), capture_output=True, text=True,
-                              timeout=300)
-        assert proc.returncode == 0, proc.stderr[-6000:]
+        proc = run_python(RUNTIME_ENV, env=sandbox.env, cwd=sandbox.root,
+                          args=(str(models[MODEL].local), mode))
         core = last_json(proc)
         if mode == "shim":
             assert core["rc"] == 0, core["stderr"]
