@@ -24,9 +24,10 @@ nox.options.default_venv_backend = "none"
 nox.options.sessions = ["matrix-ci"]
 
 VLLM_RELEASES = ("0.8.5", "0.9.2", "0.10.0", "0.10.1", "0.10.2", "0.13.0", "0.15.1")
-#: CI's subset (0.10.1, which rejects model=s3:// outright, runs in `./dev matrix`): both ends of the vLLM releases the handoff targets, and the aux-pull race's config route
-#: (0.13.0; 0.15.1's model_weights route is the base venv's); all in `./dev matrix`.
-VLLM_CI = ("0.8.5", "0.10.2", "0.13.0")
+#: CI's subset: both ends of the vLLM releases the handoff targets. 0.10.1 (which rejects
+#: model=s3:// outright) and the aux-pull race on 0.13.0/0.15.1 (about 2.5 min each; the main
+#: suite's test_aux_pull covers the wrapper) run in `./dev matrix`, to keep CI under an hour.
+VLLM_CI = ("0.8.5", "0.10.2")
 MATRIX_ENV = {"RAY_RUNAI_SHIM_MATRIX": "1"}
 SKIP_BASE_E2E = "RAY_RUNAI_SHIM_SKIP_BASE_E2E"
 RELEASE_CHECKS_ONLY = "RAY_RUNAI_SHIM_RELEASE_CHECKS_ONLY"  # rerun the cheap half, keep e2e verdicts

@@ -40,6 +40,10 @@ FORWARD_ENV = (
     "AWS_REGION",
     "AWS_DEFAULT_REGION",
     "AWS_EC2_METADATA_DISABLED",
+    # A GCS endpoint other than Google's (an emulator, a private endpoint): google-cloud-cpp
+    # (Ray's GcsFileSystem, the streamer's reader) and google-cloud-storage (vLLM's listing).
+    "CLOUD_STORAGE_EMULATOR_ENDPOINT",
+    "STORAGE_EMULATOR_HOST",
 )
 FORWARD_PREFIXES = ("RUNAI_STREAMER_", "RAY_RUNAI_SHIM_")
 NEVER_FORWARD = ("RAY_RUNAI_SHIM_CHAINED_SETUP_HOOK",)

@@ -235,11 +235,14 @@ def _cause_and_fix(cause: str, store: Store, action: str) -> str:
     )
 
 
-def store_error(exc: BaseException, *, uri: str, store: Store, action: str) -> ShimError:
+def store_error(
+    exc: BaseException, *, uri: str, store: Store, action: str, cause: Optional[str] = None
+) -> ShimError:
     """A ``ShimError`` for a failed store call. *action* is ``"list"`` or ``"read"``;
-    *uri* the prefix or object that failed."""
+    *uri* the prefix or object that failed; *cause* when the caller knows it better than
+    the message does."""
     reason = str(exc).strip() or type(exc).__name__
-    cause = classify_store(reason, gcs=store.is_gcs)
+    cause = cause or classify_store(reason, gcs=store.is_gcs)
     verb = "list" if action == "list" else "read"
     return ShimError(
         f"ray-runai-shim: cannot {verb} {uri} via {store.describe()}: "

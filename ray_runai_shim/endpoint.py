@@ -46,6 +46,13 @@ def s3_endpoint() -> Optional[str]:
     )
 
 
+def gcs_endpoint() -> Optional[str]:
+    """The endpoint google-cloud-cpp uses when none is passed: pyarrow's ``GcsFileSystem``
+    (what Ray builds, without ``endpoint_override``) and the streamer's C++ GCS backend
+    both read ``CLOUD_STORAGE_EMULATOR_ENDPOINT``."""
+    return os.environ.get("CLOUD_STORAGE_EMULATOR_ENDPOINT") or None
+
+
 def _virtual_addressing() -> bool:
     style = os.environ.get("AWS_S3_ADDRESSING_STYLE", "").lower()
     if style:
@@ -157,6 +164,9 @@ def store_identity(fs: Any, uri: str) -> Store:
     ignored = ""
     if override:
         endpoint = _strip_userinfo(f"{opts.get('scheme') or 'https'}://{override}")
+    elif scheme in ("gs", "gcs"):
+        env_ep = gcs_endpoint()
+        endpoint = _strip_userinfo(env_ep) if env_ep else ""
     elif opts or scheme not in ("s3", "s3a"):
         endpoint = ""
         env_ep = s3_endpoint() if scheme in ("s3", "s3a") else None

@@ -124,8 +124,10 @@ def list_model(uri: str, fs_and_path: FsAndPath = default_fs_and_path) -> Listin
     try:
         infos = fs.get_file_info(pa_fs.FileSelector(prefix, recursive=True))
     except FileNotFoundError as e:
-        if classify_store(str(e), gcs=store.is_gcs) == "no-bucket":  # GCS: a missing bucket
-            raise store_error(e, uri=uri, store=store, action="list") from None
+        # GCS lists a missing prefix as empty: its only 404 here is the bucket's (whatever
+        # the server's words; fake-gcs-server says just "Not Found").
+        if store.is_gcs or classify_store(str(e)) == "no-bucket":
+            raise store_error(e, uri=uri, store=store, action="list", cause="no-bucket") from None
         infos = []  # S3: a missing prefix
     except ShimError:
         raise
