@@ -4,7 +4,7 @@ Reports installed versions, the patch plan for this Ray and why, how the shim
 would reach workers, the relevant environment (secrets masked) and, given a
 URI, what would be fetched and what streamed -- listing only, nothing is
 downloaded except a ``model.safetensors.index.json`` when present. Exits 1
-when a run would fail.
+when a run would fail, or would not stream what it asks to stream (an Azure source).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import sys
 from importlib import metadata
 from typing import Any, Optional
 
+from .azure import azure_note
 from .log import human_bytes
 
 DISTS = (
@@ -86,6 +87,11 @@ def inspect_uri(uri: str, load_format: str) -> dict[str, Any]:
     from .files import plan_local_paths
 
     report: dict[str, Any] = {"uri": uri, "load_format": load_format, "errors": [], "warnings": []}
+    note = azure_note(uri, load_format)
+    if note:  # not listed: Ray's filesystem layer may not even read Azure on this release
+        report["errors"].append(note)
+        report["not_streamed"] = True
+        return report
     fs_and_path = _fs_and_path(uri)
     try:
         listing = list_model(uri, fs_and_path)
@@ -201,7 +207,10 @@ def render(r: dict[str, Any]) -> str:
     lines += ["", "environment:"] + ([f"  {k}={v}" for k, v in r["environment"].items()] or ["  (none set)"])
     m = r.get("model")
     if m:
-        lines += ["", f"model {m['uri']} (load_format={m['load_format']}):"]
+        from .redact import redact_url
+
+        shown = redact_url(m["uri"].split("?", 1)[0])  # no userinfo, no SAS-style query token
+        lines += ["", f"model {shown} (load_format={m['load_format']}):"]
         if "fetch" in m:
             lines.append(f"  fetched to local disk: {len(m['fetch'])} files, {human_bytes(m['fetch_bytes'])}")
             lines += [f"    {f['key']:<48} {human_bytes(f['size']):>10}" for f in m["fetch"]]
@@ -209,7 +218,10 @@ def render(r: dict[str, Any]) -> str:
             lines += [f"    {f['key']:<48} {human_bytes(f['size']):>10}" for f in m["stream"]]
         lines += [f"  WARNING: {w}" for w in m["warnings"]]
         lines += [f"  ERROR: {e}" for e in m["errors"]]
-        lines.append("  verdict: " + ("this run would FAIL" if m["errors"] else "ok"))
+        verdict = "this run would FAIL" if m["errors"] else "ok"
+        if m.get("not_streamed"):
+            verdict = "NOT STREAMED by the shim (Ray's own behaviour: a full copy or vLLM's error)"
+        lines.append("  verdict: " + verdict)
     return "\n".join(lines)
 
 

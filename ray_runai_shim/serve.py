@@ -45,6 +45,7 @@ import os
 import threading
 from typing import Any, Callable, Optional
 
+from .azure import warn_if_azure
 from .cache import snapshot_source
 from .context import StageContext, current_weights
 from .decide import FULL, bind, download_kind, mirror_uri, streaming_request
@@ -78,7 +79,10 @@ def streaming_source(engine_config: Any) -> Optional[StageContext]:
     """A context when this engine streams from an object store (string URI or mirror)."""
     mirror = getattr(engine_config, "mirror_config", None)
     uri = mirror_uri(mirror) if mirror is not None else engine_config.actual_hf_model_id
-    return streaming_request(uri, getattr(engine_config, "engine_kwargs", None))
+    ctx = streaming_request(uri, getattr(engine_config, "engine_kwargs", None))
+    if ctx is None:
+        warn_if_azure(uri, getattr(engine_config, "engine_kwargs", None))
+    return ctx
 
 
 # --------------------------------------------------------------------------- download

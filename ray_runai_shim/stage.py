@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
+from .azure import warn_if_azure
 from .context import current_stage, current_weights
 from .decide import FULL, bind, download_kind, streaming_request
 from .failopen import NotApplicable, fail_open
@@ -32,6 +33,7 @@ def udf_init(original: Callable[..., Any], instance: Any, args: tuple, kwargs: d
     params = bind(original, args, kwargs)
     ctx = streaming_request(params.get("model"), params.get("engine_kwargs"))
     if ctx is None:
+        warn_if_azure(params.get("model"), params.get("engine_kwargs"))
         raise NotApplicable("not a streaming format with an object-store source")
     from .requirements import check_loader_importable
 

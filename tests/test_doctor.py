@@ -7,6 +7,7 @@ import subprocess
 import sys
 import venv
 
+import pytest
 from support.fixtures import BUCKET
 from support.procs import base_env
 
@@ -44,6 +45,18 @@ def test_doctor_exits_non_zero_and_says_why_when_a_run_would_fail(s3, models):
     assert any("holds none" in e for e in report["errors"])
     assert any("no config.json" in e for e in report["errors"])
     assert any(".bin checkpoints cannot be streamed" in w for w in report["warnings"])
+
+
+@pytest.mark.parametrize("uri", ["abfss://models@acct.dfs.core.windows.net/llm/tiny?sv=1&sig=SASTOKEN",
+                                 "azure://models@acct.blob.core.windows.net/llm/tiny", "az://models/llm/tiny"])
+def test_doctor_says_an_azure_source_is_not_streamed_and_how_vllm_would(s3, uri):
+    code, out = doctor(s3, uri)
+    assert code == 1
+    assert "is an Azure source" in out and "az://<container>/<path>" in out and "vLLM >= 0.18" in out
+    assert "verdict: NOT STREAMED" in out
+    assert "SASTOKEN" not in out and "AWS" not in out.split("\nmodel ", 1)[1]  # no S3 advice for Azure
+    _, as_auto = doctor(s3, uri, "--load-format", "auto")
+    assert "Azure source" not in as_auto  # nothing to say when streaming is not asked for
 
 
 def test_doctor_warns_about_stale_shards_outside_the_index(s3, models):

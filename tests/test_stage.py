@@ -147,6 +147,26 @@ def test_local_path_and_hub_id_are_untouched(models, sandbox):
     assert sandbox.shim_dirs() == []
 
 
+def test_an_azure_source_gets_rays_own_outcome_and_a_warning_naming_the_route(sandbox):
+    """Azure is not streamed by the shim (ray_runai_shim/azure.py says why): the stage gets
+    exactly Ray's outcome, plus one WARNING, where Ray alone is silent."""
+    src = "abfss://models@acct.dfs.core.windows.net/llm/tiny?sv=2024&sig=SECRET"
+    runs = {}
+    for shim in (True, False):
+        code = CONSTRUCT.format(preamble="import ray_runai_shim" if shim else "", model=src,
+                                engine_kwargs=streaming_kwargs())
+        env = {**sandbox.env, **STOP, **({} if shim else {"RAY_RUNAI_SHIM_DISABLE": "1"})}
+        runs[shim] = run_python(code, env=env)
+    assert last_json(runs[True]) == last_json(runs[False])  # Ray's own outcome, unchanged
+    assert last_json(runs[True])["error"]  # (Ray 2.48 cannot read Azure at all)
+    warned = [ln for ln in runs[True].stderr.splitlines() if "is an Azure source" in ln]
+    assert len(warned) == 1 and "WARNING" in warned[0]
+    assert "az://<container>/<path>" in warned[0] and "AZURE_STORAGE_ACCOUNT_NAME" in warned[0]
+    assert "SECRET" not in runs[True].stderr.replace(src, "")  # the SAS token is not repeated
+    assert "Azure source" not in runs[False].stderr
+    assert sandbox.shim_dirs() == []
+
+
 def test_streaming_a_checkpoint_without_safetensors_fails_before_the_engine(s3, models, sandbox, tmp_path):
     model = models["tiny"]
     client = s3.client()
