@@ -81,6 +81,31 @@ def _fs_and_path(uri: str) -> Any:
         return fs_and_path
 
 
+def gcs_endpoint_warnings(uri: str) -> list[str]:
+    """A ``gs://`` run reads through two Google clients that take the endpoint from two
+    variables: google-cloud-cpp (Ray, the shim, the streamer's reader) from
+    ``CLOUD_STORAGE_EMULATOR_ENDPOINT``; google-cloud-storage (the streamer's listing that
+    vLLM calls) from ``STORAGE_EMULATOR_HOST``. One without the other splits the run."""
+    if not uri.lower().startswith("gs://"):
+        return []
+    cpp = os.environ.get("CLOUD_STORAGE_EMULATOR_ENDPOINT", "")
+    py = os.environ.get("STORAGE_EMULATOR_HOST", "")
+    if cpp and cpp.rstrip("/") != py.rstrip("/"):
+        return [
+            f"CLOUD_STORAGE_EMULATOR_ENDPOINT={cpp} but STORAGE_EMULATOR_HOST={py or '(unset)'}: Ray, the "
+            "shim and the streamer's reader use the first, vLLM's listing of the weights (google-cloud-storage) "
+            f"{'the second' if py else 'Google'}. Fix: set STORAGE_EMULATOR_HOST={cpp} too."
+        ]
+    if py and not cpp:
+        return [
+            f"STORAGE_EMULATOR_HOST={py} but CLOUD_STORAGE_EMULATOR_ENDPOINT is unset: the streamer's "
+            "reader and Ray's GcsFileSystem (google-cloud-cpp) ignore STORAGE_EMULATOR_HOST and go to "
+            "Google (against an emulator the streamer's reader was seen retrying token refreshes without "
+            f"end). Fix: set CLOUD_STORAGE_EMULATOR_ENDPOINT={py} too."
+        ]
+    return []
+
+
 def inspect_uri(uri: str, load_format: str) -> dict[str, Any]:
     from .errors import ShimError
     from .fetch import check_streamable, list_model
@@ -92,6 +117,7 @@ def inspect_uri(uri: str, load_format: str) -> dict[str, Any]:
         report["errors"].append(note)
         report["not_streamed"] = True
         return report
+    report["warnings"] += gcs_endpoint_warnings(uri)
     fs_and_path = _fs_and_path(uri)
     try:
         listing = list_model(uri, fs_and_path)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from support.fixtures import make_sandbox
 from support.gcsserver import GcsServer, start_gcs_server
-from support.procs import REPO
+from support.procs import REPO, base_env
 
 from ray_runai_shim.errors import ShimError
 from ray_runai_shim.fetch import fetch_nonweights
@@ -101,6 +101,34 @@ def test_a_missing_prefix_in_an_existing_bucket_is_a_clear_error(gcs_env, tmp_pa
         fetch_nonweights(uri("no-such-model"), "runai_streamer", root=tmp_path)
     msg = str(err.value)
     assert uri("no-such-model") in msg and gcs_env.endpoint in msg
+
+
+def doctor(env: dict[str, str], *args: str) -> tuple[int, str]:
+    p = subprocess.run([sys.executable, "-m", "ray_runai_shim", "doctor", *args], env=env,
+                       capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout + p.stderr
+
+
+def test_doctor_lists_a_gcs_model_and_flags_a_half_set_emulator_endpoint(gcs, models):
+    env = {**base_env(), **gcs.env()}
+    code, out = doctor(env, uri())
+    assert code == 0 and "verdict: ok" in out and "WARNING" not in out.split("\nmodel ", 1)[1]
+    for w in models[MODEL].weights:
+        assert w in out  # listed as streamed
+    del env["STORAGE_EMULATOR_HOST"]
+    code, out = doctor(env, uri())
+    assert f"Fix: set STORAGE_EMULATOR_HOST={gcs.endpoint} too" in out
+
+
+def test_doctor_flags_an_emulator_host_without_the_cpp_endpoint(monkeypatch):
+    # In process: without CLOUD_STORAGE_EMULATOR_ENDPOINT a listing would go to Google itself.
+    from ray_runai_shim.doctor import gcs_endpoint_warnings
+
+    monkeypatch.delenv("CLOUD_STORAGE_EMULATOR_ENDPOINT", raising=False)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")
+    [warning] = gcs_endpoint_warnings("gs://b/m")
+    assert "Fix: set CLOUD_STORAGE_EMULATOR_ENDPOINT=http://127.0.0.1:9 too" in warning
+    assert gcs_endpoint_warnings("s3://b/m") == []
 
 
 # ----------------------------------------------------------------- the README example on gs://
