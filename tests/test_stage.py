@@ -111,9 +111,11 @@ def _kwargs_without_format(**extra):
     "engine_kwargs",
     [
         streaming_kwargs("auto"),  # (safetensors takes the same non-streaming branch: decide.py's tests)
-        streaming_kwargs("no_such_format"),
+        # The other non-streaming requests take the same branch (decide.py's tests): extended.
+        pytest.param(streaming_kwargs("no_such_format"), marks=pytest.mark.extended),
         # The streamer's options without load_format: not a streaming request.
-        _kwargs_without_format(model_loader_extra_config={"concurrency": 4}),
+        pytest.param(_kwargs_without_format(model_loader_extra_config={"concurrency": 4}),
+                     marks=pytest.mark.extended),
     ],
     ids=["auto", "unknown", "extra-config-only"],
 )

@@ -12,7 +12,9 @@ import pytest
 from support.procs import last_json, run_python
 from support.tiny_model import copy_nonweight_files
 
-pytestmark = pytest.mark.engine
+# extended: the same handoff through vLLM's own processes also runs in test_pipeline (one
+# engine) and the matrix; this adds the TP=2 worker processes.
+pytestmark = [pytest.mark.engine, pytest.mark.extended]
 
 
 def test_tensor_parallel_2_workers_stream_from_the_uri_without_the_shim(s3, models, sandbox):
