@@ -311,9 +311,16 @@ def test_serve_pipeline_parallel_fetches_non_weights_on_every_node(s3, models, s
         with RayCluster(sandbox.env, root=sandbox.root / "cluster", ray_bin=str(Path(python).with_name("ray"))) as cl:
             cl.start_head('--resources={"slot": 1}', "--num-cpus=1")
             cl.add_node('--resources={"slot": 1}', "--num-cpus=1")
-            proc = subprocess.run([python, "-c", PP_NODE_INIT, json.dumps(model.uri), cl.address],
-                                  env=sandbox.env, cwd=str(sandbox.root), capture_output=True, text=True,
-                                  timeout=300)
+            for _ in range(3):
+                proc = subprocess.run([python, "-c", PP_NODE_INIT, json.dumps(model.uri), cl.address],
+                                      env=sandbox.env, cwd=str(sandbox.root), capture_output=True, text=True,
+                                      timeout=300)
+                # Called from a driver (not from a replica already inside its placement group),
+                # Ray's own initialize_worker_nodes can read the new group's node ids before it is
+                # placed and abort in C++ ("Check failed: !node_id.IsNil()"), before any task or
+                # download runs. Seen once in CI in the control; a deployed replica cannot hit it.
+                if proc.returncode == 0 or "Check failed: !node_id.IsNil()" not in proc.stderr:
+                    break
             assert proc.returncode == 0, proc.stderr[-6000:]
             got = last_json(proc)
             assert got["strategy"] == "PACK", got
