@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from .log import logger
-from .redact import redact_url
+from .redact import shown_uri
 from .support import is_streaming_format, normalize_load_format
 
 #: Ray's Azure schemes (2.50+) and vLLM's (0.18+).
@@ -32,9 +32,8 @@ def azure_note(model: object, load_format: object) -> Optional[str]:
     if not (is_azure_uri(model) and is_streaming_format(load_format)):
         return None
     fmt = normalize_load_format(load_format)
-    shown = redact_url(str(model).split("?", 1)[0])  # no SAS token, no userinfo
     return (
-        f"ray-runai-shim: {shown} is an Azure source; the shim streams s3:// and gs:// only, so "
+        f"ray-runai-shim: {shown_uri(str(model))} is an Azure source; the shim streams s3:// and gs:// only, so "
         f"load_format={fmt} gets Ray's own behaviour here: depending on the Ray release, Ray copies "
         "the whole model to local disk or hands vLLM a URI it cannot stream. vLLM streams Azure only "
         "as az://<container>/<path> (vLLM >= 0.18 with runai-model-streamer[azure] and "

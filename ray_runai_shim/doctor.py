@@ -88,7 +88,9 @@ def gcs_endpoint_warnings(uri: str) -> list[str]:
     vLLM calls) from ``STORAGE_EMULATOR_HOST``. One without the other splits the run."""
     if not uri.lower().startswith("gs://"):
         return []
-    cpp = os.environ.get("CLOUD_STORAGE_EMULATOR_ENDPOINT", "")
+    from .endpoint import gcs_endpoint
+
+    cpp = gcs_endpoint() or ""
     py = os.environ.get("STORAGE_EMULATOR_HOST", "")
     if cpp and cpp.rstrip("/") != py.rstrip("/"):
         return [
@@ -233,10 +235,9 @@ def render(r: dict[str, Any]) -> str:
     lines += ["", "environment:"] + ([f"  {k}={v}" for k, v in r["environment"].items()] or ["  (none set)"])
     m = r.get("model")
     if m:
-        from .redact import redact_url
+        from .redact import shown_uri
 
-        shown = redact_url(m["uri"].split("?", 1)[0])  # no userinfo, no SAS-style query token
-        lines += ["", f"model {shown} (load_format={m['load_format']}):"]
+        lines += ["", f"model {shown_uri(m['uri'])} (load_format={m['load_format']}):"]
         if "fetch" in m:
             lines.append(f"  fetched to local disk: {len(m['fetch'])} files, {human_bytes(m['fetch_bytes'])}")
             lines += [f"    {f['key']:<48} {human_bytes(f['size']):>10}" for f in m["fetch"]]

@@ -64,6 +64,11 @@ def redact_url(url: str) -> str:
     return redact_text(url, env=False)
 
 
+def shown_uri(uri: str) -> str:
+    """A model URI fit for a message: no userinfo and no query (a SAS-style token)."""
+    return redact_url(uri.split("?", 1)[0])
+
+
 def _secret_values(environ: Mapping[str, str]) -> list[str]:
     """Secret values of *environ*: secret variables, and the userinfo (and its password)
     of any URL in any variable, which SDK messages may quote without the scheme."""

@@ -79,9 +79,10 @@ def streaming_source(engine_config: Any) -> Optional[StageContext]:
     """A context when this engine streams from an object store (string URI or mirror)."""
     mirror = getattr(engine_config, "mirror_config", None)
     uri = mirror_uri(mirror) if mirror is not None else engine_config.actual_hf_model_id
-    ctx = streaming_request(uri, getattr(engine_config, "engine_kwargs", None))
+    engine_kwargs = getattr(engine_config, "engine_kwargs", None)
+    ctx = streaming_request(uri, engine_kwargs)
     if ctx is None:
-        warn_if_azure(uri, getattr(engine_config, "engine_kwargs", None))
+        warn_if_azure(uri, engine_kwargs)
     return ctx
 
 
