@@ -95,6 +95,10 @@ def _apply(target: targets.Target, module: ModuleType) -> None:
     if outside:
         logger.debug("ray-runai-shim: %s; not patching %s (no bug to fix there)", outside, target.name)
         return
+    if target.if_has and not _has(module, target.if_has):
+        logger.debug("ray-runai-shim: %s has no %s in this release; %s does not apply", module.__name__,
+                     target.if_has, target.name)
+        return
     if target.unless_has and _has(module, target.unless_has):
         logger.debug("ray-runai-shim: %s has %s (fixed upstream); leaving %s", module.__name__,
                      target.unless_has, target.name)

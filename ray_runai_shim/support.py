@@ -33,11 +33,14 @@ SERVE_ACTIVATION = "serve-activation"  # carry the shim into replicas of config-
 SERVE_MIRROR = "serve-mirror-uri"  # give Serve's vLLM engine the mirror URI, not the bare model_id
 S3_ANONYMOUS = "s3-anonymous"  # map Ray's s3://anonymous@ URIs to the streamer's unsigned mode (2.51+)
 AUX_PULL = "vllm-aux-pull"  # fetch vLLM's non-weight files once per node, locked (vLLM 0.11-0.15 race)
+PEER_FILES = "vllm-peer-files"  # the non-weight files on every node a vLLM worker runs on (vllm#50616)
 
 #: vLLM releases whose own pull of the non-weight files wipes and re-creates a shared
 #: directory on every engine config (``rmtree`` + ``makedirs``): engines starting together
 #: on one node race (ray#60681). vLLM 0.16 fixed it (vllm#33604). [low, high), (major, minor).
 VLLM_AUX_PULL_RACE: tuple[tuple[int, int], tuple[int, int]] = ((0, 11), (0, 16))
+_PEER_WHY = ("vLLM's workers on other nodes (tensor/pipeline parallel across nodes) are told a model "
+             "directory that exists only where the engine was configured (vllm#50616)")
 _RACE_WHY = ("with vLLM 0.11-0.15, engines starting together on one node race on vLLM's own pull of "
              "the non-weight files (ray#60681): the shim fetches them once per node, locked")
 
@@ -55,40 +58,40 @@ RAY_RANGES: tuple[Range, ...] = (
     Range(
         (2, 45),
         (2, 50),
-        frozenset({DOWNLOAD, HANDOFF, ENDPOINT, ACTIVATION, RUNTIME_ENV, TOKENIZER}),
+        frozenset({DOWNLOAD, HANDOFF, ENDPOINT, ACTIVATION, RUNTIME_ENV, TOKENIZER, PEER_FILES}),
         "the vLLM stage downloads the whole model and hands vLLM the local copy (ray#55574); "
-        "tokenizer-only downloads drop chat_template.jinja, vocab.json, ... (ray#62047)",
+        "tokenizer-only downloads drop chat_template.jinja, vocab.json, ... (ray#62047); " + _PEER_WHY,
     ),
     Range(
         (2, 50),
         (2, 51),
-        frozenset({DOWNLOAD, HANDOFF, ACTIVATION, RUNTIME_ENV, TOKENIZER}),
+        frozenset({DOWNLOAD, HANDOFF, ACTIVATION, RUNTIME_ENV, TOKENIZER, PEER_FILES}),
         "the vLLM stage skips *.safetensors for runai_streamer/tensorizer (runai_streamer_sharded: "
         "the whole model) but still hands vLLM the local copy; tokenizer-only downloads drop "
-        "chat_template.jinja, vocab.json, ... (ray#62047)",
+        "chat_template.jinja, vocab.json, ... (ray#62047); " + _PEER_WHY,
     ),
     Range(
         (2, 51),
         (2, 52),
-        frozenset({SHARDED_FORMAT, ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS, AUX_PULL}),
+        frozenset({SHARDED_FORMAT, ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS, AUX_PULL, PEER_FILES}),
         "the vLLM stage streams runai_streamer/tensorizer but not runai_streamer_sharded; "
         "tokenizer-only downloads drop chat_template.jinja, vocab.json, ... (ray#62047); "
-        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open; " + _RACE_WHY,
+        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open; " + _RACE_WHY + "; " + _PEER_WHY,
     ),
     Range(
         (2, 52),
         (2, 56),
-        frozenset({ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS, AUX_PULL}),
+        frozenset({ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS, AUX_PULL, PEER_FILES}),
         "the vLLM stage streams all formats natively; tokenizer-only downloads drop "
         "chat_template.jinja, vocab.json, merges.txt, ... (ray#62047, fixed in 2.56); "
-        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open; " + _RACE_WHY,
+        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open; " + _RACE_WHY + "; " + _PEER_WHY,
     ),
     Range(
         (2, 56),
         (2, 61),
-        frozenset({ACTIVATION, S3_ANONYMOUS}),
+        frozenset({ACTIVATION, S3_ANONYMOUS, PEER_FILES}),
         "the vLLM stage streams all formats natively, but s3://anonymous@ URIs reach vLLM as "
-        "given, which the streamer cannot open",
+        "given, which the streamer cannot open; " + _PEER_WHY,
         needs="vllm",
     ),
 )

@@ -8,7 +8,9 @@ Feature checks have the last word: ``unless_has`` skips a target when the
 module already has the upstream fix, ``requires`` names what must exist for
 the wrapper to make sense (else one WARNING: Ray changed shape), ``only_for``
 limits it to the releases of another package that carry the bug (``(package,
-low, high)``: that package's ``__version__`` in [low, high)).
+low, high)``: that package's ``__version__`` in [low, high)), and ``if_has``
+skips it quietly where the module does not hold that name (a class that moved
+between modules across releases: one target per home).
 
 The installer (:mod:`.patches`), the banner, ``status()``, ``doctor`` and the
 tests are all generated from :data:`TARGETS`. Nothing here imports anything.
@@ -24,6 +26,7 @@ from .support import (
     DOWNLOAD,
     ENDPOINT,
     HANDOFF,
+    PEER_FILES,
     RUNTIME_ENV,
     S3_ANONYMOUS,
     SERVE_ACTIVATION,
@@ -46,6 +49,8 @@ VLLM_MODELS = "ray.llm._internal.serve.deployments.llm.vllm.vllm_models"
 REMOTE_NODE_INIT = "ray.llm._internal.serve.utils.node_initialization_utils"  # 2.51
 ENGINES_VLLM_MODELS = "ray.llm._internal.serve.engines.vllm.vllm_models"  # 2.51
 VLLM_ARG_UTILS = "vllm.engine.arg_utils"
+VLLM_WORKER_BASE = "vllm.v1.worker.worker_base"  # WorkerWrapperBase once V0 is gone (0.13, 0.15, 0.32 read)
+VLLM_V0_WORKER_BASE = "vllm.worker.worker_base"  # ... and before (0.10.2 read)
 SERVE_BUILD_APP = "ray.serve._private.build_app"  # run by the controller's config-deploy build task
 
 WRAP = "wrap"  # replace module.attr by a wrapt FunctionWrapper
@@ -63,6 +68,7 @@ class Target(NamedTuple):
     requires: tuple[str, ...] = ()
     value: str = ""
     only_for: tuple = ()  # (package, (major, minor) low, (major, minor) high): else not applicable
+    if_has: str = ""  # the module holds this name only in some releases (another target covers the rest)
 
     @property
     def name(self) -> str:
@@ -103,6 +109,12 @@ TARGETS: tuple[Target, ...] = (
     # (ray#60681). After s3-anonymous in this table, so it wraps outside it and sees Ray's URI.
     Target(AUX_PULL, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", "ray_runai_shim.aux_pull:create_engine_config",
            only_for=("vllm", *VLLM_AUX_PULL_RACE)),
+    # vLLM's workers on other nodes (TP/PP across nodes) are told a model dir that exists only on the
+    # node that built the config (vllm#50616): fetch the non-weight files there, in the worker.
+    Target(PEER_FILES, VLLM_WORKER_BASE, "WorkerWrapperBase.init_worker", "ray_runai_shim.peer_files:init_worker",
+           if_has="WorkerWrapperBase"),
+    Target(PEER_FILES, VLLM_V0_WORKER_BASE, "WorkerWrapperBase.init_worker", "ray_runai_shim.peer_files:init_worker",
+           if_has="WorkerWrapperBase"),
     # Serve LLM 2.45-2.50: node init in the replica, then vLLM's arguments.
     Target(SERVE_DOWNLOAD, NODE_INIT, "_initialize_local_node", "ray_runai_shim.serve:local_node",
            unless_has="STREAMING_LOAD_FORMATS", requires=("download_model_files",)),

@@ -199,6 +199,8 @@ def test_what_ray_2_48_gets_wrapped():
         f"{targets.NODE_INIT}.initialize_worker_nodes",  # #15: Serve with pipeline parallelism > 1
         f"{targets.VLLM_MODELS}.VLLMEngineConfig.get_initialization_kwargs",
         "vllm.engine.arg_utils.EngineArgs.create_engine_config",
+        # #16: vLLM's workers on other nodes get the non-weight files (vllm#50616).
+        f"{targets.VLLM_WORKER_BASE}.WorkerWrapperBase.init_worker",
         # #12: config-deployed Serve apps (acts only inside a Ray worker: the controller's build task).
         f"{targets.SERVE_BUILD_APP}._set_default_runtime_env",
     } | {f"{m}.download_model_files" for m in TOKENIZER_MODULES_IF_PLANNED}

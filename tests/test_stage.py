@@ -75,6 +75,20 @@ def test_streaming_stage_fetches_only_non_weights_and_hands_vllm_the_uri(s3, mod
     assert not list((sandbox.root / "hf" / "hub").glob("models--*"))
 
 
+def test_distributed_streaming_for_tensor_parallel_reaches_vllm_untouched(s3, models, sandbox):
+    """``model_loader_extra_config={"distributed": true}`` (each TP rank streams a share) is the
+    documented route for tensor parallel: the handoff passes it, and the TP size, through as given."""
+    model = models["tiny-sharded"]
+    kwargs = {**streaming_kwargs(), "tensor_parallel_size": 2,
+              "model_loader_extra_config": {"distributed": True, "concurrency": 4}}
+    out = construct(sandbox, model.uri, kwargs)
+    assert "stopped before engine start" in out["error"]
+    [call] = sandbox.engine_calls()
+    assert call["model_loader_extra_config"] == {"distributed": True, "concurrency": 4}
+    assert call["tensor_parallel_size"] == 2
+    assert call["model"] == str(sandbox.shim_dirs()[0]) and call["model_weights"] == model.uri
+
+
 def test_a_second_stage_on_the_node_reuses_the_complete_snapshot(s3, models, sandbox):
     model = models["tiny"]
     construct(sandbox, model.uri, streaming_kwargs())

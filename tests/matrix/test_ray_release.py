@@ -288,7 +288,9 @@ for t in targets.TARGETS:
             registry.resolve(mod, path); return True
         except (AttributeError, KeyError):
             return False
-    if t.unless_has and has(t.unless_has):
+    if t.if_has and not has(t.if_has):
+        out[t.name] = "not in this release"
+    elif t.unless_has and has(t.unless_has):
         out[t.name] = "fixed upstream"
     elif t.kind != "call" and not has(t.attr):
         out[t.name] = "MISSING"

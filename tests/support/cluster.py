@@ -9,6 +9,7 @@ sends SIGTERM, then SIGKILL, to exactly the processes that carry it (read from
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
@@ -78,9 +80,10 @@ class RayCluster:
     def dashboard_url(self) -> str:
         return f"http://127.0.0.1:{self.dashboard_port}"
 
-    def ray(self, *args: str, env: Optional[dict[str, str]] = None) -> subprocess.CompletedProcess:
-        proc = subprocess.run([self.ray_bin, *args], env={**self.env, **(env or {})}, capture_output=True, text=True,
-                              timeout=180)
+    def ray(self, *args: str, env: Optional[dict[str, str]] = None,
+            prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+        proc = subprocess.run([*prefix, self.ray_bin, *args], env={**self.env, **(env or {})}, capture_output=True,
+                              text=True, timeout=180)
         if proc.returncode != 0:
             raise RuntimeError(f"ray {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         return proc
@@ -98,8 +101,18 @@ class RayCluster:
                  "--node-ip-address=127.0.0.1", *dash, *extra, env=env)
         return self
 
-    def add_node(self, *extra: str, env: Optional[dict[str, str]] = None) -> RayCluster:
-        self.ray("start", f"--address={self.address}", "--node-ip-address=127.0.0.1", *extra, env=env)
+    def add_node(self, *extra: str, env: Optional[dict[str, str]] = None,
+                 private: Sequence[Path] = (), make: Sequence[Path] = ()) -> RayCluster:
+        """``ray start --address``. Each dir in *private* is an empty tmpfs for this node only (its own
+        mount namespace, which its raylet and workers keep): a node that shares no disk with the others
+        there. *make*: dirs to create inside those before Ray starts."""
+        prefix: tuple[str, ...] = ()
+        if private:
+            steps = [f"mount -t tmpfs tmpfs {shlex.quote(str(p))}" for p in private]
+            steps += [f"mkdir -p {shlex.quote(str(p))}" for p in make] + ['exec "$0" "$@"']
+            prefix = ("unshare", "--mount", "--propagation", "private", "sh", "-c", " && ".join(steps))
+        self.ray("start", f"--address={self.address}", "--node-ip-address=127.0.0.1", *extra, env=env,
+                 prefix=prefix)
         return self
 
     def stop(self) -> list[int]:

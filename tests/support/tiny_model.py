@@ -267,3 +267,29 @@ def upload_dir(s3_client: Any, local: Path, bucket: str, prefix: str) -> dict[st
         s3_client.upload_file(str(local / rel), bucket, key)
         uploaded[rel] = (local / rel).stat().st_size
     return uploaded
+
+
+REMOTE_CODE_ARCH = "RrsTinyForCausalLM"
+REMOTE_CODE_FILE = "modeling_rrs_tiny.py"
+
+
+def remote_code_variant(src: Path, out: Path) -> Path:
+    """*src* as a custom-code checkpoint: ``auto_map`` names a class in a ``.py`` file of the model.
+
+    vLLM does not know the architecture, so every process that resolves the model class --
+    the engine, and each worker on each node -- imports that file from ``model_config.model``
+    (Transformers backend). The class is the tiny Llama itself, so the weights and the
+    output are the same.
+    """
+    src, out = Path(src), Path(out)
+    shutil.copytree(src, out, dirs_exist_ok=True)
+    config = json.loads((out / "config.json").read_text())
+    config["architectures"] = [REMOTE_CODE_ARCH]
+    config["auto_map"] = {"AutoModelForCausalLM": f"{REMOTE_CODE_FILE[:-3]}.{REMOTE_CODE_ARCH}"}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / REMOTE_CODE_FILE).write_text(
+        "from transformers import LlamaForCausalLM\n\n\n"
+        f"class {REMOTE_CODE_ARCH}(LlamaForCausalLM):\n"
+        "    \"\"\"A custom-code checkpoint's model class (the tiny Llama itself).\"\"\"\n"
+    )
+    return out

@@ -64,6 +64,8 @@ def install(wrapt: Any) -> None:
             "load_format": _plain(getattr(instance, "load_format", None)),
             "served_model_name": _plain(getattr(instance, "served_model_name", None)),
             "model_dir_listing": _listing(getattr(instance, "model", None)),
+            "model_loader_extra_config": getattr(instance, "model_loader_extra_config", None),
+            "tensor_parallel_size": getattr(instance, "tensor_parallel_size", None),
         }
         try:
             result = wrapped(*args, **kwargs)

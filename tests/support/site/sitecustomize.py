@@ -25,10 +25,12 @@ its own module (``rrs_`` = ray-runai-shim, so no name here shadows a real packag
    own download path reach the fake S3.
 5. ``rrs_timing`` -- ``RAY_RUNAI_SHIM_BENCH_TIMING=/path/file.jsonl``: the cold-start
    benchmark's download and weight-load timers and peak RSS (bench/bench_coldstart.py).
-6. ``serve_compat`` -- ``RAY_RUNAI_SHIM_TEST_SERVE_COMPAT=1``: Ray 2.48 Serve LLM drift
+6. ``rrs_cpu_ray`` -- ``RAY_RUNAI_SHIM_TEST_CPU_RAY=1``: let vLLM's CPU platform use its Ray
+   executor (a ``vcpu`` custom resource per node), for tensor parallel across two nodes.
+7. ``serve_compat`` -- ``RAY_RUNAI_SHIM_TEST_SERVE_COMPAT=1``: Ray 2.48 Serve LLM drift
    (imported, not installed: its hooks register at import).
 
-Each env var is independent; ``wrapt`` is imported only if one of 2-5 is on.
+Each env var is independent; ``wrapt`` is imported only if one of 2-6 is on.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from __future__ import annotations
 from typing import Any
 
 import rrs_compat
+import rrs_cpu_ray
 import rrs_endpoint
 import rrs_engine_recorder
 import rrs_timing
@@ -51,7 +54,7 @@ from rrs_flags import (  # noqa: F401  - re-exported, as before the split
 from rrs_site_chain import chain_shadowed_sitecustomize
 
 #: Installed in this order, each only if its ``enabled()`` says so.
-ADAPTERS = (rrs_compat, rrs_engine_recorder, rrs_endpoint, rrs_timing)
+ADAPTERS = (rrs_compat, rrs_engine_recorder, rrs_endpoint, rrs_timing, rrs_cpu_ray)
 
 
 def __getattr__(name: str) -> Any:
