@@ -28,7 +28,7 @@ from .failopen import NotApplicable, fail_open
 from .handoff import UNSIGNED
 from .log import logger
 from .redact import shown_uri
-from .support import normalize_load_format
+from .support import join_anonymous, normalize_load_format
 
 
 def _worker_config(instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -54,9 +54,8 @@ def weights_source(model_config: Any, load_config: Any) -> tuple[Optional[str], 
         uri = posixpath.dirname(tensors) if isinstance(tensors, str) else None
     else:
         uri = getattr(model_config, "model_weights", None) or None
-    if isinstance(uri, str) and uri.startswith("s3://") and os.environ.get(UNSIGNED) == "1" \
-            and "anonymous@" not in uri:
-        uri = "s3://anonymous@" + uri[len("s3://"):]
+    if isinstance(uri, str) and os.environ.get(UNSIGNED) == "1":
+        uri = join_anonymous(uri)
     return uri, load_format
 
 

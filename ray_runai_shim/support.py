@@ -206,6 +206,15 @@ def is_remote_uri(model: object) -> bool:
 ANONYMOUS = "anonymous@"
 
 
+def join_anonymous(uri: str) -> str:
+    """``s3://bucket/...`` -> Ray's unsigned spelling ``s3://anonymous@bucket/...`` (the inverse of
+    :func:`split_anonymous`; other schemes and URIs already so spelled are returned as given)."""
+    scheme, sep, rest = uri.partition("://")
+    if scheme != "s3" or not sep or rest.startswith(ANONYMOUS):
+        return uri
+    return f"{scheme}{sep}{ANONYMOUS}{rest}"
+
+
 def split_anonymous(uri: str) -> tuple[str, bool]:
     """Ray's ``s3://anonymous@bucket/...`` form -> (``s3://bucket/...``, True)."""
     scheme, sep, rest = uri.partition("://")

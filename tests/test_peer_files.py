@@ -28,11 +28,12 @@ from types import SimpleNamespace
 
 import pytest
 from support.cluster import RayCluster
-from support.fixtures import BUCKET
+from support.fixtures import BUCKET, CACHE
 from support.procs import last_json, run_python
 from support.tiny_model import (
     REMOTE_CODE_ARCH,
     REMOTE_CODE_FILE,
+    build_tiny_model,
     copy_nonweight_files,
     remote_code_variant,
     upload_dir,
@@ -93,9 +94,6 @@ def _unshare_works() -> str:
 @pytest.fixture(scope="module")
 def remote_code_model(s3, tmp_path_factory):
     """The tiny sharded model as a custom-code checkpoint, in the bucket."""
-    from support.fixtures import CACHE
-    from support.tiny_model import build_tiny_model
-
     local = remote_code_variant(build_tiny_model(CACHE / "tiny-sharded-v1", shards=2),
                                 tmp_path_factory.mktemp("remote-code") / "tiny-remote-code")
     upload_dir(s3.client(), local, BUCKET, "llm/tiny-remote-code")
