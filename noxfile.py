@@ -44,16 +44,16 @@ def end_to_end_tests(version: str) -> list[str]:
     """On every release the shim patches, the core integration test (real Ray Data, real vLLM,
     moto, zero weight bytes on disk) for the format that release gets wrong; in the full matrix
     also the default-stage pipeline on current checkpoints (ray#62047) where the engine runs."""
-    from ray_runai_shim.support import HANDOFF, SHARDED_FORMAT, plan_for
+    from ray_runai_shim.tables.support import HANDOFF, SHARDED_FORMAT, plan_for
 
     patches = plan_for(version).patches
     tests = []
     if HANDOFF in patches:
-        tests = ["tests/test_pipeline.py"]
+        tests = ["tests/integrations/test_pipeline.py"]
     elif SHARDED_FORMAT in patches:
         tests = ["tests/matrix/test_sharded_pipeline.py"]
     if tests and not os.environ.get(CI_SUBSET):
-        tests.append("tests/test_default_stages.py")
+        tests.append("tests/integrations/test_default_stages.py")
     return tests
 
 
@@ -93,7 +93,7 @@ def wrapt_oldest(session: nox.Session) -> None:
     python = str(build_layer("wrapt-1.14", ["wrapt==1.14.1"]))
     session.run(python, "-c", "import wrapt; assert wrapt.__version__ == '1.14.1', wrapt.__version__")
     session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_import_order.py",
-                "tests/test_stage.py", "-k",
+                "tests/integrations/test_ray_data.py", "-k",
                 "(test_import_order and (vllm_engine_stage or arg_utils or kill_switch or failing_target or one_shape))"
                 " or fetches_only_non_weights or reuses", env=MATRIX_ENV)
 
@@ -110,9 +110,9 @@ def serve_releases(session: nox.Session) -> None:
     """Serve's node initialisation on every patched minor (with pipeline parallelism > 1 on
     2.45-2.50), and the bare-model_id fix on every affected one (`./dev test` runs one per code path)."""
     env = {**MATRIX_ENV, "RAY_RUNAI_SHIM_SERVE_ALL_RELEASES": "1"}
-    session.run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_serve.py", "-k",
+    session.run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/integrations/test_serve.py", "-k",
                 "every_patched_ray or pipeline_parallel", env=env)
-    session.run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_serve_mirror.py",
+    session.run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/integrations/test_serve_mirror.py",
                 env=env)
 
 

@@ -68,7 +68,7 @@ def child_main(method: str, uri: str, result_path: Path) -> None:
 
     from ray.llm._internal.common.utils import download_utils
 
-    from ray_runai_shim import fetch
+    from ray_runai_shim.snapshot import fetch
 
     import_s = time.perf_counter() - t_imp
     rss_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

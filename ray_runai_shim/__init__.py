@@ -8,9 +8,10 @@ restores Ray exactly, ``status()`` reports what this process patched.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
-from . import _bootstrap
+from .activation import bootstrap as _bootstrap
 from .errors import ShimError
 
 __version__ = "0.1.0"
@@ -34,12 +35,35 @@ def status() -> dict[str, Any]:
     import sys
 
     patches = sys.modules.get(__name__ + ".patches")
-    return patches.status() if patches is not None else _bootstrap.status_shape()
+    return _status_shape(**(patches.state() if patches is not None else {}))
+
+
+def _status_shape(**fields: Any) -> dict[str, Any]:
+    """``status()``'s one shape: every key always present."""
+    out: dict[str, Any] = {
+        "version": __version__,
+        "pid": os.getpid(),
+        "installed": False,
+        "waiting_for_ray": _bootstrap.waiting_for_ray(),
+        "disabled_by_env": _bootstrap.disabled_by_env(),
+        "ray_version": None,
+        "plan": [],
+        "why": "Ray is not imported in this process yet",
+        "serve_plan": [],
+        "serve_why": None,
+        "patched": [],
+        "patches_applied": [],
+    }
+    unknown = set(fields) - set(out)
+    if unknown:
+        raise TypeError(f"not status keys: {sorted(unknown)}")
+    out.update(fields)
+    return out
 
 
 def runtime_env(base: Optional[dict[str, Any]] = None, *, remote: bool = False) -> dict[str, Any]:
     """*base* plus what Ray workers need to load the shim (the user's values win)."""
-    from .activation import runtime_env as _runtime_env
+    from .activation.ray_init import runtime_env as _runtime_env
 
     return _runtime_env(base, remote=remote)
 

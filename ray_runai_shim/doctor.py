@@ -16,8 +16,8 @@ import sys
 from importlib import metadata
 from typing import Any, Optional
 
-from .azure import azure_note
 from .log import human_bytes
+from .stores.azure import azure_note
 
 DISTS = (
     "ray",
@@ -48,7 +48,7 @@ def _version(dist: str) -> Optional[str]:
 
 
 def environment() -> dict[str, str]:
-    from .activation import FORWARD_ENV, FORWARD_PREFIXES
+    from .activation.ray_init import FORWARD_ENV, FORWARD_PREFIXES
     from .redact import redact_env
 
     names = set(FORWARD_ENV) | set(SECRET_ENV) | set(SHOWN_ENV)
@@ -63,8 +63,8 @@ def _fs_and_path(uri: str) -> Any:
 
         return CloudFileSystem.get_fs_and_path
     except Exception:
-        from .endpoint import endpoint_s3_filesystem, s3_endpoint
-        from .support import split_anonymous
+        from .stores.endpoint import endpoint_s3_filesystem, s3_endpoint
+        from .tables.support import split_anonymous
 
         def fs_and_path(u: str) -> Any:
             import pyarrow.fs as pa_fs
@@ -88,7 +88,7 @@ def gcs_endpoint_warnings(uri: str) -> list[str]:
     vLLM calls) from ``STORAGE_EMULATOR_HOST``. One without the other splits the run."""
     if not uri.lower().startswith("gs://"):
         return []
-    from .endpoint import gcs_endpoint
+    from .stores.endpoint import gcs_endpoint
 
     cpp = gcs_endpoint() or ""
     py = os.environ.get("STORAGE_EMULATOR_HOST", "")
@@ -110,8 +110,8 @@ def gcs_endpoint_warnings(uri: str) -> list[str]:
 
 def inspect_uri(uri: str, load_format: str) -> dict[str, Any]:
     from .errors import ShimError
-    from .fetch import check_streamable, list_model
-    from .files import plan_local_paths
+    from .snapshot.fetch import check_streamable, list_model
+    from .snapshot.files import plan_local_paths
 
     report: dict[str, Any] = {"uri": uri, "load_format": load_format, "errors": [], "warnings": []}
     note = azure_note(uri, load_format)
@@ -171,8 +171,8 @@ def inspect_uri(uri: str, load_format: str) -> dict[str, Any]:
 def activation_route() -> dict[str, Any]:
     """How a ``ray.init()`` here would reach the workers, with the job's runtime_env if this is
     a submitted job's entrypoint (the same plan the ``ray.init`` wrapper makes)."""
-    from .activation import _plan, importable_by_workers, submitted_job
-    from .serve_config import autoload_installed
+    from .activation.ray_init import _plan, importable_by_workers, submitted_job
+    from .activation.serve_config import autoload_installed
 
     plan = _plan(None, ship=not importable_by_workers())
     return {"route": plan.route, "submitted_job": submitted_job(), "override": plan.override,
@@ -181,9 +181,9 @@ def activation_route() -> dict[str, Any]:
 
 def collect(uri: Optional[str], load_format: str) -> dict[str, Any]:
     from . import status
-    from .activation import importable_by_workers
-    from .support import SERVE_RANGES, patches_for, plan_for
-    from .targets import TARGETS
+    from .activation.ray_init import importable_by_workers
+    from .tables.support import SERVE_RANGES, patches_for, plan_for
+    from .tables.targets import TARGETS
 
     versions = {d: _version(d) for d in DISTS}
     ray_version = versions["ray"]

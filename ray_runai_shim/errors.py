@@ -17,7 +17,9 @@ class ShimError(ValueError):
 
     def __init__(self, *args: object) -> None:
         if args and isinstance(args[0], str):
-            from .redact import redact_text  # here, not at import: ``import ray_runai_shim`` stays cheap
+            from .diagnostics.redact import (
+                redact_text,  # here, not at import: ``import ray_runai_shim`` stays cheap
+            )
 
             args = (redact_text(args[0]), *args[1:])
         super().__init__(*args)

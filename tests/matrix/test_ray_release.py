@@ -19,7 +19,7 @@ from matrix.ray_envs import RESULTS
 from support.fixtures import public_copy
 from support.procs import base_env, last_json, run_python
 
-from ray_runai_shim.support import parse_version
+from ray_runai_shim.tables.support import parse_version
 
 VERSION = ray.__version__
 V = parse_version(VERSION)[:2]
@@ -93,7 +93,7 @@ batch_patched = [n for n in ray_runai_shim.status()["patched"] if ".serve." not 
 serve_error = None
 try:  # Serve LLM's modules, as a replica imports them (the ones this release has)
     import importlib, importlib.util
-    from ray_runai_shim.targets import ENGINES_VLLM_MODELS, NODE_INIT, REMOTE_NODE_INIT, VLLM_MODELS
+    from ray_runai_shim.tables.targets import ENGINES_VLLM_MODELS, NODE_INIT, REMOTE_NODE_INIT, VLLM_MODELS
     for name in (NODE_INIT, VLLM_MODELS, REMOTE_NODE_INIT, ENGINES_VLLM_MODELS):
         try:
             found = importlib.util.find_spec(name) is not None
@@ -264,8 +264,9 @@ TARGETS_PROBE = """
 import importlib, importlib.util, json, os
 os.environ["RAY_RUNAI_SHIM_DISABLE"] = "1"  # read the pristine modules
 import ray
-from ray_runai_shim import registry, targets
-from ray_runai_shim.support import patches_for
+from ray_runai_shim import registry
+from ray_runai_shim.tables import targets
+from ray_runai_shim.tables.support import patches_for
 wanted = patches_for(ray.__version__)
 out = {{}}
 for t in targets.TARGETS:
@@ -388,7 +389,7 @@ def test_a_submitted_jobs_runtime_env_merges_by_this_releases_own_rule():
     from ray.runtime_env.runtime_env import RuntimeEnv, _merge_runtime_env
 
     import ray_runai_shim
-    from ray_runai_shim.jobenv import CHAIN_ENV, SETUP_HOOK, plan_init_env
+    from ray_runai_shim.activation.jobenv import CHAIN_ENV, SETUP_HOOK, plan_init_env
 
     source = inspect.getsource(worker)
     assert 'os.getenv("RAY_OVERRIDE_JOB_RUNTIME_ENV") == "1"' in source

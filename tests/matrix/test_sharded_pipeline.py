@@ -23,7 +23,7 @@ from support.sharded_state import build_sharded_state
 from support.tiny_model import build_tiny_model, upload_dir, weight_files
 from test_pipeline import run_example
 
-from ray_runai_shim.support import SHARDED_FORMAT, plan_for
+from ray_runai_shim.tables.support import SHARDED_FORMAT, plan_for
 
 pytestmark = [
     pytest.mark.engine,

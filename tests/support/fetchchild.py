@@ -69,9 +69,9 @@ def _digests(root: Path) -> dict[str, str]:
 def main() -> None:
     args = json.loads(sys.argv[1])
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s", stream=sys.stderr)
-    from ray_runai_shim import fetch
-    from ray_runai_shim.endpoint import endpoint_s3_filesystem
     from ray_runai_shim.errors import ShimError
+    from ray_runai_shim.snapshot import fetch
+    from ray_runai_shim.stores.endpoint import endpoint_s3_filesystem
 
     out: dict[str, Any] = {"uid": os.getuid()}
     if args.get("probe_write"):

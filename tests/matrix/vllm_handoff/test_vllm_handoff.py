@@ -36,8 +36,8 @@ from support.fixtures import BUCKET
 from support.vllm_loader import load_with_vllm_loader
 
 import ray_runai_shim
-from ray_runai_shim import handoff
-from ray_runai_shim.files import is_weight_file
+from ray_runai_shim.snapshot import handoff
+from ray_runai_shim.snapshot.files import is_weight_file
 
 vllm = pytest.importorskip("vllm")
 if tuple(int(p) for p in vllm.__version__.split(".")[:2]) >= (0, 14):
@@ -180,7 +180,7 @@ def test_control_without_the_injection_this_vllm_finds_no_weights(s3env, models,
     """The same local dir without the shim's ``model_weights``: vLLM's loader has nothing to
     stream. This is Ray 2.50's behaviour (narrowed download, local dir handed over) and it
     shows that the injection, not something else, makes the test above pass."""
-    from ray_runai_shim.fetch import fetch_nonweights
+    from ray_runai_shim.snapshot.fetch import fetch_nonweights
 
     model = models["tiny"]
     local_dir = fetch_nonweights(model.uri, "runai_streamer", root=tmp_path).local_dir  # Ray's pyarrow fs

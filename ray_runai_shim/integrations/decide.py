@@ -1,0 +1,70 @@
+"""The one classifier every wrapper asks (botocore's ``_determine_call_context``).
+
+Two questions, answered from plain values, never by side effect:
+
+* :func:`streaming_request` -- does this engine stream its weights from an
+  object store? (a streaming ``load_format`` and an ``s3://``/``gs://`` source)
+* :func:`download_kind` -- what is this ``download_model_files`` call: the
+  full model download the shim replaces, a tokenizer-only one, or other?
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Optional
+
+from ..context import StageContext
+from ..tables.support import is_remote_uri, is_streaming_format, normalize_load_format
+
+_SIGNATURES: dict[Any, inspect.Signature] = {}
+
+
+def bind(fn: Callable[..., Any], args: tuple, kwargs: dict) -> dict[str, Any]:
+    """A call's arguments by parameter name (defaults applied), whatever way they were passed."""
+    fn = getattr(fn, "__wrapped__", fn)  # fail_open's ``original`` carries Ray's callable
+    key = getattr(fn, "__func__", fn)
+    sig = _SIGNATURES.get(key)
+    if sig is None:
+        sig = _SIGNATURES[key] = inspect.signature(fn)
+    bound = sig.bind_partial(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+FULL = "full"  # MODEL_AND_TOKENIZER: what streaming replaces by the non-weight fetch
+TOKENIZER_ONLY = "tokenizer"
+OTHER = "other"
+
+
+def streaming_request(model: Any, engine_kwargs: Optional[dict[str, Any]]) -> Optional[StageContext]:
+    """A fresh stage context when *model* streams from an object store, else None."""
+    engine_kwargs = dict(engine_kwargs or {})
+    load_format = normalize_load_format(engine_kwargs.get("load_format"))
+    if not (is_streaming_format(load_format) and is_remote_uri(model)):
+        return None
+    return StageContext(model=model, load_format=load_format, engine_kwargs=engine_kwargs)
+
+
+def mirror_uri(mirror: Any) -> Optional[str]:
+    """A ``CloudMirrorConfig``'s bucket URI (None for no mirror)."""
+    return getattr(mirror, "bucket_uri", None) if mirror is not None else None
+
+
+def download_kind(params: dict[str, Any], model: Optional[str] = None, mirror: Optional[str] = None) -> str:
+    """Classify a bound ``download_model_files`` call for source *model* (+ *mirror*).
+
+    Only a download of exactly that source counts; with ``model=None`` any
+    remote source does (the tokenizer stages know no engine).
+    """
+    mode = getattr(params.get("download_model"), "name", None)
+    model_id = params.get("model_id")
+    if model is not None and (model_id != model or mirror_uri(params.get("mirror_config")) != mirror):
+        return OTHER
+    source = mirror_uri(params.get("mirror_config")) or model_id
+    if not is_remote_uri(source):
+        return OTHER
+    if mode == "MODEL_AND_TOKENIZER":
+        return FULL
+    if mode == "TOKENIZER_ONLY":
+        return TOKENIZER_ONLY
+    return OTHER

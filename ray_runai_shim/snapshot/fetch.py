@@ -1,0 +1,453 @@
+"""Fetch the non-weight files of an object-store model into a local directory.
+
+Why not Ray's own download: on 2.45-2.49 it has no way to skip weights, reads
+every object whole into memory, writes straight to final names (a crash
+leaves a truncated file that the next run trusts), re-downloads on every call,
+and shares one lock per model with other download modes. This module fixes
+each of those for the small set of files vLLM reads locally:
+
+* one listing, one classifier (:mod:`.files`), keys validated before writing,
+  and a pre-check of what the streamer itself will find;
+* reuse decided by the store's content identity (S3 ETag, GCS generation),
+  never by size and mtime (S3 gives mtimes to the second);
+* bounded-memory chunked copies through Ray's own pyarrow filesystem into a
+  private staging directory, renamed into a new versioned directory only when
+  complete (:mod:`.cache`: store-aware keys, reader locks, ownership checks);
+* a fault raises ``ShimError`` naming its cause and fix (:mod:`.diagnose`):
+  store and local-disk faults alike; a cache that cannot be used means a
+  private directory, never a silent fall-back to copying the weights.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Optional
+
+from ..diagnostics.diagnose import classify_store, local_error, store_error
+from ..errors import ShimError
+from ..stores.endpoint import Store, store_identity
+from ..tables import settings
+from . import cache
+from .cache import MANIFEST, CacheUnusable, Place, cache_root
+from .files import STREAMABLE_SUFFIXES, is_weight_file, plan_local_paths
+from .staging import Staging
+
+__all__ = [
+    "MANIFEST",
+    "FetchResult",
+    "Listing",
+    "RemoteFile",
+    "cache_root",
+    "check_streamable",
+    "default_fs_and_path",
+    "fetch_nonweights",
+    "list_model",
+]
+
+CHUNK_BYTES = 8 << 20
+MAX_WORKERS = 8
+
+
+@dataclass
+class RemoteFile:
+    key: str  # relative to the model prefix
+    size: int
+    mtime_ns: Optional[int]
+    identity: Optional[str] = None  # "etag:…", "generation:…"; filled in by the fetch
+
+
+@dataclass
+class Listing:
+    uri: str
+    nonweights: list[RemoteFile]
+    weights: list[RemoteFile]
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(f.size for f in self.weights)
+
+    @property
+    def nonweight_bytes(self) -> int:
+        return sum(f.size for f in self.nonweights)
+
+
+@dataclass
+class FetchResult:
+    local_dir: str
+    listing: Listing
+    fetched_files: int = 0
+    fetched_bytes: int = 0
+    reused: bool = False
+    seconds: float = 0.0
+    private: bool = False  # fetched into the private fallback, not the shared cache
+
+
+FsAndPath = Callable[[str], tuple[Any, str]]
+
+
+def default_fs_and_path(uri: str) -> tuple[Any, str]:
+    """Ray's own filesystem layer (already endpoint-aware once the shim is installed).
+
+    Ray 2.45-2.52 have ``CloudFileSystem.get_fs_and_path``; 2.53 moved it to the pyarrow
+    backend (``cloud_filesystem.pyarrow_filesystem.PyArrowFileSystem``)."""
+    from ray.llm._internal.common.utils.cloud_utils import CloudFileSystem
+
+    get = getattr(CloudFileSystem, "get_fs_and_path", None)
+    if get is None:
+        from ray.llm._internal.common.utils.cloud_filesystem.pyarrow_filesystem import PyArrowFileSystem
+
+        get = PyArrowFileSystem.get_fs_and_path
+    return get(uri)
+
+
+def _open_store(uri: str, fs_and_path: FsAndPath) -> tuple[Any, str, Store]:
+    try:
+        fs, prefix = fs_and_path(uri)
+    except (OSError, ValueError) as e:
+        if isinstance(e, ShimError):
+            raise
+        store = Store(uri.partition("://")[0].lower(), "", True)
+        raise store_error(e, uri=uri, store=store, action="list") from None
+    return fs, prefix.rstrip("/"), store_identity(fs, uri)
+
+
+def list_model(uri: str, fs_and_path: FsAndPath = default_fs_and_path) -> Listing:
+    """List every object under the model prefix and split weights from the rest."""
+    import pyarrow.fs as pa_fs
+
+    fs, prefix, store = _open_store(uri, fs_and_path)
+    try:
+        infos = fs.get_file_info(pa_fs.FileSelector(prefix, recursive=True))
+    except FileNotFoundError as e:
+        # GCS lists a missing prefix as empty: its only 404 here is the bucket's (whatever
+        # the server's words; fake-gcs-server says just "Not Found").
+        if store.is_gcs or classify_store(str(e)) == "no-bucket":
+            raise store_error(e, uri=uri, store=store, action="list", cause="no-bucket") from None
+        infos = []  # S3: a missing prefix
+    except ShimError:
+        raise
+    except (OSError, ValueError) as e:  # pyarrow: ArrowIOError is an OSError, ArrowInvalid a ValueError
+        raise store_error(e, uri=uri, store=store, action="list") from None
+    nonweights: list[RemoteFile] = []
+    weights: list[RemoteFile] = []
+    for info in infos:
+        if info.type != pa_fs.FileType.File:
+            continue
+        key = info.path[len(prefix) :].lstrip("/")
+        mtime = getattr(info, "mtime_ns", None)
+        rf = RemoteFile(key, int(info.size or 0), int(mtime) if mtime is not None else None)
+        (weights if is_weight_file(key) else nonweights).append(rf)
+    if not nonweights and not weights:
+        raise ShimError(
+            f"ray-runai-shim: no objects under {uri} (via {store.describe()}). "
+            "Check the model_source prefix: it must be the folder that holds config.json."
+        )
+    nonweights.sort(key=lambda f: f.key)
+    weights.sort(key=lambda f: f.key)
+    return Listing(uri, nonweights, weights)
+
+
+def check_streamable(listing: Listing, load_format: str, engine_kwargs: dict[str, Any]) -> None:
+    """Fail before the engine starts when the streamer would find nothing to read.
+
+    The streamer lists the top level of the prefix only, and tensorizer reads
+    ``<uri>/model.tensors``: safetensors in sub-folders (``original/``, ``lora/``) or
+    another tensors file name would otherwise fail late, after the engine started."""
+    suffix = STREAMABLE_SUFFIXES.get(load_format)
+    if suffix is None:
+        return
+    if load_format == "tensorizer":
+        if (engine_kwargs.get("model_loader_extra_config") or {}).get("tensorizer_uri"):
+            return
+        if any(f.key == "model.tensors" for f in listing.weights):
+            return
+    elif any(f.key.lower().endswith(suffix) and "/" not in f.key for f in listing.weights):
+        return
+    matching = sorted(f.key for f in listing.weights if f.key.lower().endswith(suffix))
+    if load_format == "tensorizer":
+        found = ", ".join(matching[:5]) or "no .tensors file"
+        raise ShimError(
+            f"ray-runai-shim: load_format='tensorizer' reads {listing.uri.rstrip('/')}/model.tensors, "
+            f"which does not exist (found: {found}). Name the serialized file model.tensors, set "
+            "model_loader_extra_config={'tensorizer_uri': '<uri of the .tensors file>'}, or use "
+            "load_format='auto'."
+        )
+    if matching:
+        shown = ", ".join(matching[:5]) + (", …" if len(matching) > 5 else "")
+        raise ShimError(
+            f"ray-runai-shim: load_format={load_format!r} streams the {suffix} files at the top of "
+            f"{listing.uri}, but it holds them only in sub-folders ({shown}); the streamer does not "
+            "look into sub-folders. Point model_source at the folder that holds the weights, or "
+            "move them to the top of the prefix."
+        )
+    found = sorted({PurePosixPath(f.key).suffix for f in listing.weights}) or ["no weight files"]
+    raise ShimError(
+        f"ray-runai-shim: load_format={load_format!r} streams {suffix} files, but {listing.uri} "
+        f"holds none (found: {', '.join(found)}). Convert the checkpoint to {suffix} "
+        "or use load_format='auto' to let Ray download it."
+    )
+
+
+# --------------------------------------------------------------------------- identity
+
+#: Metadata fields that change whenever an object's content does, best first.
+_IDENTITY_FIELDS = (("generation", "generation"), ("ETag", "etag"), ("etag", "etag"), ("md5Hash", "md5"))
+
+
+def _identity(metadata: Any) -> Optional[str]:
+    if not metadata:
+        return None
+    for field, label in _IDENTITY_FIELDS:
+        value = metadata.get(field)
+        if value is None:
+            value = metadata.get(field.encode())
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        if value and str(value).strip() and str(value).strip() != "0":
+            return f"{label}:{str(value).strip()}"
+    return None
+
+
+def _metadata(stream: Any) -> Any:
+    try:
+        return stream.metadata()
+    except (OSError, NotImplementedError, AttributeError):
+        return None
+
+
+def _probe(f: RemoteFile, fs: Any, prefix: str, uri: str, store: Store) -> Optional[str]:
+    """The object's content identity (S3: a HEAD; GCS: an object-metadata request)."""
+    src = f"{prefix}/{f.key}"
+    try:
+        with fs.open_input_stream(src) as stream:
+            return _identity(_metadata(stream))
+    except OSError as e:
+        raise store_error(e, uri=f"{uri.rstrip('/')}/{f.key}", store=store, action="read") from None
+
+
+def _run_all(fn: Callable[..., Any], items: list[Any], *args: Any) -> list[Any]:
+    """*fn(item, *args)* for every item on a small thread pool; the first error wins and
+    the rest are cancelled."""
+    if not items:
+        return []
+    out: dict[int, Any] = {}
+    with ThreadPoolExecutor(max_workers=min(MAX_WORKERS, len(items))) as pool:
+        futures: dict[Future, int] = {pool.submit(fn, item, *args): i for i, item in enumerate(items)}
+        try:
+            for fut in as_completed(futures):
+                out[futures[fut]] = fut.result()
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+    return [out[i] for i in range(len(items))]
+
+
+# --------------------------------------------------------------------------- copy
+
+
+class _Changed(Exception):
+    """An object changed between the listing and the fetch."""
+
+
+class _Progress:
+    """One log line every few seconds for large non-weight sets; silent for small ones."""
+
+    EVERY_S = 5.0
+
+    def __init__(self, uri: str, files: int, nbytes: int) -> None:
+        self.uri, self.files, self.nbytes = uri, files, nbytes
+        self.done = self.done_bytes = 0
+        self.last = time.perf_counter()
+
+    def step(self, nbytes: int) -> None:
+        self.done += 1
+        self.done_bytes += nbytes
+        now = time.perf_counter()
+        if now - self.last >= self.EVERY_S and self.done < self.files:
+            from ..log import human_bytes, logger
+
+            self.last = now
+            logger.info(
+                "ray-runai-shim: fetching non-weight files of %s: %d/%d files, %s/%s",
+                self.uri, self.done, self.files, human_bytes(self.done_bytes), human_bytes(self.nbytes),
+            )
+
+
+@dataclass
+class _Job:
+    fs: Any
+    prefix: str
+    uri: str
+    store: Store
+    staging: Staging
+    paths: dict[str, PurePosixPath]
+    total: int
+    progress: _Progress
+
+
+def _copy_one(f: RemoteFile, job: _Job) -> tuple[int, str, Optional[str]]:
+    """Copy one object into the staging dir: (bytes, sha256, identity seen)."""
+    src = f"{job.prefix}/{f.key}"
+    obj_uri = f"{job.uri.rstrip('/')}/{f.key}"
+    rel = job.paths[f.key]
+    dst = job.staging.path / rel
+    h = hashlib.sha256()
+    written = 0
+    try:
+        fin = job.fs.open_input_stream(src)
+    except OSError as e:
+        raise store_error(e, uri=obj_uri, store=job.store, action="read") from None
+    with fin:
+        seen = _identity(_metadata(fin))
+        try:
+            fout = job.staging.create(rel)
+        except OSError as e:
+            raise local_error(e, path=dst, uri=job.uri, nbytes=job.total) from e
+        try:
+            with fout:
+                while True:
+                    try:
+                        chunk = fin.read(CHUNK_BYTES)
+                    except OSError as e:
+                        raise store_error(e, uri=obj_uri, store=job.store, action="read") from None
+                    if not chunk:
+                        break
+                    fout.write(chunk)
+                    h.update(chunk)
+                    written += len(chunk)
+        except ShimError:
+            raise
+        except OSError as e:  # write() or the flush on close
+            raise local_error(e, path=dst, uri=job.uri, nbytes=job.total) from e
+    if written != f.size:
+        raise _Changed(f"{obj_uri}: listed {f.size} bytes, read {written}")
+    job.progress.step(written)
+    return written, h.hexdigest(), seen
+
+
+def _staging(place: Place, uri: str, nbytes: int) -> Staging:
+    try:
+        return Staging(place.base)
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise CacheUnusable(f"cannot create a directory in {place.base}: {e.strerror}") from e
+        raise local_error(e, path=place.base, uri=uri, nbytes=nbytes) from e
+
+
+def _materialise(
+    place: Place, listing: Listing, paths: dict[str, PurePosixPath], fs: Any, prefix: str, store: Store
+) -> FetchResult:
+    uri = listing.uri
+    store_key = store.key()
+    group = cache.group_name(uri, store_key)
+    result = FetchResult(local_dir="", listing=listing, private=place.private)
+    ids: dict[str, tuple[int, str]] = {f.key: (f.size, f.identity or "") for f in listing.nonweights}
+    known = all(f.identity for f in listing.nonweights)
+    vdir: Optional[Path] = None
+
+    def reuse(v: Path) -> FetchResult:
+        result.local_dir, result.reused = str(v), True
+        cache.cleanup(place, group, keep=v)
+        return result
+
+    if known:  # the common case: decide before taking the fetch lock
+        vdir = cache.version_dir(place, group, cache.content_digest(ids))
+        cache.hold(vdir)
+        if cache.verify(vdir, uri, store_key, ids, paths):
+            return reuse(vdir)
+
+    with cache.fetch_lock(place.base, group, cache.lock_timeout()):
+        if vdir is not None and cache.verify(vdir, uri, store_key, ids, paths):
+            return reuse(vdir)  # another process fetched it while we waited
+        cache.cleanup(place)  # staging dirs of dead processes, trash
+        staging = _staging(place, uri, listing.nonweight_bytes)
+        try:
+            job = _Job(fs, prefix, uri, store, staging, paths, listing.nonweight_bytes,
+                       _Progress(uri, len(listing.nonweights), listing.nonweight_bytes))
+            copied = _run_all(_copy_one, listing.nonweights, job)
+            files: dict[str, dict[str, Any]] = {}
+            for f, (size, sha, seen) in zip(listing.nonweights, copied):
+                if known and seen is not None and seen != f.identity:
+                    raise _Changed(f"{uri.rstrip('/')}/{f.key}: {f.identity} became {seen}")
+                files[f.key] = {"size": size, "id": f.identity if known else f"sha256:{sha}", "sha256": sha}
+            result.fetched_files = len(copied)
+            result.fetched_bytes = sum(c[0] for c in copied)
+            if not known:  # the store gives no identity: name the version by content
+                ids = {k: (v["size"], v["id"]) for k, v in files.items()}
+                vdir = cache.version_dir(place, group, cache.content_digest(ids))
+                cache.hold(vdir)
+                if cache.verify(vdir, uri, store_key, ids, paths):
+                    staging.discard()
+                    result.local_dir = str(vdir)
+                    cache.cleanup(place, group, keep=vdir)
+                    return result
+            assert vdir is not None
+            record = cache.manifest(uri, store_key, files, {w.key: w.size for w in listing.weights})
+            try:
+                with staging.create(PurePosixPath(MANIFEST), mode=0o600) as out:
+                    out.write(json.dumps(record, indent=1, sort_keys=True).encode())
+                if vdir.exists() or vdir.is_symlink():
+                    cache.discard(place, vdir)  # a broken version (tampered, half-deleted)
+                staging.commit(vdir)
+            except OSError as e:
+                raise local_error(e, path=vdir, uri=uri, nbytes=listing.nonweight_bytes) from e
+        except BaseException:
+            staging.discard()
+            raise
+        result.local_dir = str(vdir)
+        cache.cleanup(place, group, keep=vdir)
+        return result
+
+
+def fetch_nonweights(
+    uri: str,
+    load_format: str,
+    engine_kwargs: Optional[dict[str, Any]] = None,
+    fs_and_path: FsAndPath = default_fs_and_path,
+    root: Optional[Path] = None,
+) -> FetchResult:
+    """List, validate, and materialise the non-weight files of *uri* locally.
+
+    Raises only ``ShimError`` for foreseeable faults; never leaves a directory that a
+    later run could take for a complete snapshot."""
+    start = time.perf_counter()
+    for attempt in (1, 2):
+        listing = list_model(uri, fs_and_path)
+        check_streamable(listing, load_format, engine_kwargs or {})
+        paths = plan_local_paths([f.key for f in listing.nonweights])
+        fs, prefix, store = _open_store(uri, fs_and_path)
+        idents = _run_all(_probe, listing.nonweights, fs, prefix, uri, store)
+        for f, ident in zip(listing.nonweights, idents):
+            f.identity = ident
+        place = cache.open_place(Path(root) if root is not None else None)
+        try:
+            while True:
+                try:
+                    result = _materialise(place, listing, paths, fs, prefix, store)
+                    break
+                except CacheUnusable as e:
+                    if place.private:
+                        raise ShimError(
+                            f"ray-runai-shim: cannot use the private directory {place.base} for the "
+                            f"non-weight files of {uri}: {e}. Set {settings.CACHE_DIR} to a "
+                            "directory this user owns and can write."
+                        ) from e
+                    place = cache.private_place(f"cannot use the cache {place.base}: {e}")
+        except _Changed as e:
+            if attempt == 2:
+                raise ShimError(
+                    f"ray-runai-shim: the objects under {uri} changed while they were being fetched "
+                    f"({e}), twice. Rerun once the upload to that prefix is complete. Nothing was "
+                    "left behind."
+                ) from e
+            continue
+        result.seconds = time.perf_counter() - start
+        return result
+    raise AssertionError("unreachable")

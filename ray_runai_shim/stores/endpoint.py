@@ -1,0 +1,177 @@
+"""Make Ray 2.45-2.49's pyarrow S3 filesystem reach S3-compatible stores.
+
+Those releases build ``pyarrow.fs.S3FileSystem(anonymous=...)``, and that
+constructor ignores ``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3`` and a profile's
+``endpoint_url`` (apache/arrow#49643), so MinIO/Ceph/on-prem users cannot reach
+the bucket at all. The streamer and boto3 do read those settings, so the shim
+makes Ray read the same ones.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+from urllib.parse import urlsplit
+
+from ..diagnostics.redact import redact_url
+from ..tables.support import split_anonymous
+
+
+def _profile_endpoint() -> Optional[str]:
+    path = os.environ.get("AWS_CONFIG_FILE") or os.path.expanduser("~/.aws/config")
+    profile = os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE") or "default"
+    if not os.path.isfile(path):
+        return None
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read(path)
+    except configparser.Error:
+        return None
+    section = profile if profile == "default" else f"profile {profile}"
+    if not parser.has_section(section):
+        return None
+    return parser.get(section, "endpoint_url", fallback=None) or None
+
+
+def s3_endpoint() -> Optional[str]:
+    """The endpoint boto3 and the streamer would use, in botocore's order."""
+    if os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
+        return None
+    return (
+        os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or _profile_endpoint()
+    )
+
+
+def gcs_endpoint() -> Optional[str]:
+    """The endpoint google-cloud-cpp uses when none is passed: pyarrow's ``GcsFileSystem``
+    (what Ray builds, without ``endpoint_override``) and the streamer's C++ GCS backend
+    both read ``CLOUD_STORAGE_EMULATOR_ENDPOINT``."""
+    return os.environ.get("CLOUD_STORAGE_EMULATOR_ENDPOINT") or None
+
+
+def _virtual_addressing() -> bool:
+    style = os.environ.get("AWS_S3_ADDRESSING_STYLE", "").lower()
+    if style:
+        return style == "virtual"
+    return os.environ.get("RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING", "0") not in ("0", "false", "")
+
+
+def endpoint_s3_filesystem(anonymous: bool, endpoint: str) -> Any:
+    """A pyarrow S3 filesystem for *endpoint*, path-style unless asked otherwise."""
+    import pyarrow.fs as pa_fs
+
+    parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+    kwargs: dict[str, Any] = {
+        "anonymous": anonymous,
+        "endpoint_override": parts.netloc + parts.path.rstrip("/"),
+        "scheme": parts.scheme or "https",
+        "region": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+        "force_virtual_addressing": _virtual_addressing(),
+    }
+    ca = os.environ.get("AWS_CA_BUNDLE")
+    if ca:
+        try:
+            return pa_fs.S3FileSystem(**kwargs, tls_ca_file_path=ca)
+        except TypeError:  # pyarrow < 19 has no per-filesystem CA option
+            pass
+    return pa_fs.S3FileSystem(**kwargs)
+
+
+def get_fs_and_path_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """wrapt wrapper for ``CloudFileSystem.get_fs_and_path``."""
+    fs, path = wrapped(*args, **kwargs)
+    try:
+        endpoint = s3_endpoint()
+        if endpoint and type(fs).__name__ == "S3FileSystem":
+            uri = str(args[0] if args else kwargs.get("object_uri", ""))
+            anonymous = split_anonymous(uri)[1]  # the same test Ray applies
+            fs = endpoint_s3_filesystem(anonymous, endpoint)
+    except Exception:  # a shim bug must not break Ray's own access
+        from ..log import logger
+
+        logger.warning("ray-runai-shim: could not apply S3 endpoint settings", exc_info=True)
+    return fs, path
+
+
+# --------------------------------------------------------------------------- store identity
+
+
+@dataclass(frozen=True)
+class Store:
+    """Which store a filesystem talks to: the same ``s3://bucket/path`` on AWS and on
+    a MinIO, or signed and unsigned, must never share a cache entry."""
+
+    scheme: str  # "s3" or "gs"
+    endpoint: str  # "http://host:port" without userinfo; "" for the provider's default
+    signed: bool
+    ignored_env_endpoint: str = ""  # AWS_ENDPOINT_URL set but not used by this filesystem
+
+    @property
+    def is_gcs(self) -> bool:
+        return self.scheme in ("gs", "gcs")
+
+    def key(self) -> str:
+        """Stable text that identifies the store (no secrets in it)."""
+        return f"{self.scheme}|{self.endpoint or 'default'}|{'signed' if self.signed else 'unsigned'}"
+
+    def describe(self) -> str:
+        """For messages: ``endpoint http://minio:9000`` or the provider's default."""
+        if self.endpoint:
+            return f"endpoint {self.endpoint}"
+        if self.is_gcs:
+            return "the default Google Cloud Storage endpoint"
+        if self.ignored_env_endpoint:
+            return (
+                f"the default AWS endpoint (AWS_ENDPOINT_URL={self.ignored_env_endpoint} is set, "
+                "but this filesystem does not use it)"
+            )
+        return "the default AWS endpoint (AWS_ENDPOINT_URL is not set)"
+
+
+def _fs_options(fs: Any) -> dict[str, Any]:
+    """The constructor options of a pyarrow S3/GCS filesystem (they pickle by them).
+    They may hold credentials: never log them."""
+    if type(fs).__name__ not in ("S3FileSystem", "GcsFileSystem"):
+        return {}
+    try:
+        reduced = fs.__reduce__()
+        opts = reduced[1][0] if len(reduced) > 1 and reduced[1] else {}
+        return dict(opts) if isinstance(opts, dict) else {}
+    except Exception:
+        return {}
+
+
+def _strip_userinfo(url: str) -> str:
+    parts = urlsplit(url if "://" in url else f"https://{url}")
+    host = parts.netloc.rpartition("@")[2]
+    return f"{parts.scheme}://{host}{parts.path.rstrip('/')}"
+
+
+def store_identity(fs: Any, uri: str) -> Store:
+    """The store *fs* reaches for *uri*, read off the filesystem itself when it is a
+    pyarrow one (what it really connects to), else from the environment."""
+    scheme = uri.partition("://")[0].lower() or "s3"
+    opts = _fs_options(fs)
+    if "anonymous" in opts:
+        signed = not opts["anonymous"]
+    else:
+        signed = not split_anonymous(uri)[1]
+    override = str(opts.get("endpoint_override") or "")
+    ignored = ""
+    if override:
+        endpoint = _strip_userinfo(f"{opts.get('scheme') or 'https'}://{override}")
+    elif scheme in ("gs", "gcs"):
+        env_ep = gcs_endpoint()
+        endpoint = _strip_userinfo(env_ep) if env_ep else ""
+    elif opts or scheme not in ("s3", "s3a"):
+        endpoint = ""
+        env_ep = s3_endpoint() if scheme in ("s3", "s3a") else None
+        ignored = redact_url(env_ep) if env_ep else ""
+    else:
+        env_ep = s3_endpoint()
+        endpoint = _strip_userinfo(env_ep) if env_ep else ""
+    return Store(scheme, endpoint, signed, ignored)

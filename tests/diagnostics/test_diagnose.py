@@ -1,0 +1,217 @@
+"""Store and local faults become ShimErrors that name the cause and the fix, in the store's terms.
+
+Real pyarrow clients talk to real servers on loopback: moto where it can play the
+part, small fakes (``support/fakestores.py``) for what moto cannot do (a bucket in
+another region, an expired token, HEAD allowed but GET refused, Google Cloud Storage).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+from support.fakestores import FakeGcs, FakeS3
+
+from ray_runai_shim.diagnostics.diagnose import classify_store, local_error
+from ray_runai_shim.errors import ShimError
+from ray_runai_shim.snapshot import cache
+from ray_runai_shim.snapshot.fetch import MANIFEST, fetch_nonweights, list_model
+from ray_runai_shim.stores.endpoint import endpoint_s3_filesystem
+
+
+@pytest.fixture
+def aws_env(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIATESTDIAGNOSE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "diagnose-secret-value")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def s3_fs(endpoint: str):
+    return lambda uri: (endpoint_s3_filesystem(False, endpoint), uri.split("://", 1)[1])
+
+
+def shim_error(fn) -> str:
+    with pytest.raises(ShimError) as err:
+        fn()
+    return str(err.value)
+
+
+# --------------------------------------------------------------------------- S3
+
+
+@pytest.mark.parametrize(
+    "status,code,message",
+    [
+        (301, "PermanentRedirect", "The bucket you are attempting to access must be addressed using the specified endpoint."),
+        (400, "AuthorizationHeaderMalformed", "The authorization header is malformed; the region 'us-east-1' is wrong; expecting 'eu-west-1'"),
+    ],
+)
+def test_a_bucket_in_another_region_is_named_with_the_variable_to_set(aws_env, tmp_path, status, code, message):
+    fake = FakeS3(status, code, message)
+    try:
+        msg = shim_error(lambda: fetch_nonweights("s3://bkt/m", "runai_streamer", fs_and_path=s3_fs(fake.endpoint),
+                                                  root=tmp_path))
+    finally:
+        fake.close()
+    assert "wrong region" in msg and "AWS_REGION/AWS_DEFAULT_REGION=us-east-1" in msg and "set AWS_REGION" in msg
+    assert code in msg and "diagnose-secret-value" not in msg
+
+
+def test_an_expired_session_token_is_named(aws_env, tmp_path):
+    fake = FakeS3(400, "ExpiredToken", "The provided token has expired.")
+    try:
+        msg = shim_error(lambda: list_model("s3://bkt/m", s3_fs(fake.endpoint)))
+    finally:
+        fake.close()
+    assert "session credentials have expired" in msg and "ExpiredToken" in msg
+
+
+def test_get_refused_after_head_is_not_left_as_an_internal_failure(aws_env, tmp_path):
+    fake = FakeS3(403, "AccessDenied", "Access Denied", keys={"m/config.json": 2, "m/model.safetensors": 8})
+    try:
+        msg = shim_error(lambda: fetch_nonweights("s3://bkt/m", "runai_streamer", fs_and_path=s3_fs(fake.endpoint),
+                                                  root=tmp_path))
+        methods = [m for m, _ in fake.requests]
+    finally:
+        fake.close()
+    assert methods.count("HEAD") >= 1 and "GET" in methods  # listed, HEAD fine, then the GET refused
+    said = msg.split("(store said: ", 1)[1]
+    # Control: pyarrow's own text names neither the 403 nor a permission.
+    assert "Failed to flush response stream" in said and "403" not in said and "denied" not in said.lower()
+    assert "s3://bkt/m/config.json" in msg and "refused or cut the object read" in msg and "s3:GetObject" in msg
+    assert "AWS_ACCESS_KEY_ID" in msg  # where this worker's identity comes from (the name, never the value)
+    assert "AKIATESTDIAGNOSE" not in msg and "diagnose-secret-value" not in msg
+    assert not any(p.is_dir() and not p.name.startswith(".") for p in (tmp_path / cache.DIR_NAME).iterdir())
+
+
+def test_an_unresolvable_endpoint_names_dns_and_addressing(aws_env):
+    msg = shim_error(lambda: list_model("s3://bkt/m", s3_fs("http://no-such-host.invalid:9000")))
+    assert "does not resolve" in msg and "http://no-such-host.invalid:9000" in msg
+    assert "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING=0" in msg and "curlCode: 6" in msg
+
+
+def test_tls_to_a_plain_http_endpoint_names_the_ca_bundle_and_the_scheme(aws_env, s3):
+    endpoint = f"https://127.0.0.1:{s3.port}"  # moto speaks plain HTTP: the handshake fails
+    msg = shim_error(lambda: list_model("s3://models/llm/tiny", s3_fs(endpoint)))
+    assert "TLS handshake" in msg and endpoint in msg and "AWS_CA_BUNDLE" in msg and "http://" in msg
+
+
+def test_a_refused_connection_is_not_blamed_on_credentials(aws_env):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+    msg = shim_error(lambda: list_model("s3://bkt/m", s3_fs(dead)))
+    cause = msg.split("(store said:")[0]
+    assert "nothing accepted the connection" in cause and "credentials" not in cause
+
+
+@pytest.mark.parametrize(
+    "text,cause",
+    [
+        ("AWS Error ACCESS_DENIED during HeadObject operation: No response body.", "access"),
+        ("AWS Error NO_SUCH_BUCKET during ListObjectsV2 operation: The specified bucket does not exist", "no-bucket"),
+        ("AWS Error NETWORK_CONNECTION during ListObjectsV2 operation: curlCode: 7, Could not connect to server", "connect"),
+        ("AWS Error NETWORK_CONNECTION during ListObjectsV2 operation: curlCode: 28, Timeout was reached", "timeout"),
+        ("AWS Error NETWORK_CONNECTION during HeadObject operation: curlCode: 60, SSL peer certificate or SSH remote key was not OK", "tls"),
+        ("AWS Error SIGNATURE_DOES_NOT_MATCH during ListObjectsV2 operation: The request signature …", "bad-secret"),
+        ("AWS Error INTERNAL_FAILURE during ListObjectsV2 operation: ", "unknown"),
+    ],
+)
+def test_s3_causes_from_the_sdks_words(text, cause):
+    assert classify_store(text) == cause
+
+
+# --------------------------------------------------------------------------- GCS
+
+
+@pytest.mark.parametrize(
+    "status,reason,message,expect",
+    [
+        (403, "forbidden", "Caller does not have storage.objects.list access to the Google Cloud Storage bucket.",
+         "access denied"),
+        (401, "required", "Anonymous caller does not have storage.objects.list access", "access denied"),
+        (404, "notFound", "The specified bucket does not exist.", "no such bucket"),
+    ],
+)
+def test_gcs_errors_are_told_in_google_cloud_terms(status, reason, message, expect, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIASHOULDNOTMATTER")
+    fake = FakeGcs("bkt")
+    fake.error = (status, reason, message)
+    try:
+        msg = shim_error(lambda: list_model("gs://bkt/m", lambda uri: (fake.filesystem(), "bkt/m")))
+    finally:
+        fake.close()
+    assert expect in msg and "gs://bkt/m" in msg and f"endpoint http://{fake.endpoint}" in msg
+    assert "AWS" not in msg and "s3:" not in msg  # never described with AWS variables
+    if expect == "access denied":
+        assert "storage.objects.get" in msg and "GOOGLE_APPLICATION_CREDENTIALS" in msg and "Workload Identity" in msg
+        assert "unsigned" in msg  # this client was anonymous, and the message says so
+
+
+def test_gcs_connection_refused_in_google_cloud_terms():
+    import datetime
+
+    import pyarrow.fs as pa_fs
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    fs = pa_fs.GcsFileSystem(anonymous=True, endpoint_override=f"127.0.0.1:{port}", scheme="http",
+                             retry_time_limit=datetime.timedelta(seconds=1))
+    msg = shim_error(lambda: list_model("gs://bkt/m", lambda uri: (fs, "bkt/m")))
+    assert "nothing accepted the connection" in msg and "AWS" not in msg
+
+
+def test_gcs_reuse_is_decided_by_the_object_generation(tmp_path):
+    fake = FakeGcs("bkt")
+    a, b = b'{"temperature": 0.1}', b'{"temperature": 0.9}'
+    for name, data in {"m/config.json": b'{"model_type": "llama"}', "m/generation_config.json": a,
+                       "m/model.safetensors": b"\0" * 64}.items():
+        fake.put(name, data)
+    fsp = lambda uri: (fake.filesystem(), "bkt/m")  # noqa: E731
+    try:
+        first = fetch_nonweights("gs://bkt/m", "runai_streamer", fs_and_path=fsp, root=tmp_path)
+        again = fetch_nonweights("gs://bkt/m", "runai_streamer", fs_and_path=fsp, root=tmp_path)
+        fake.put("m/generation_config.json", b)  # same size, new generation
+        third = fetch_nonweights("gs://bkt/m", "runai_streamer", fs_and_path=fsp, root=tmp_path)
+        media = [p for m, p in fake.requests if "alt=media" in p and "model.safetensors" in p]
+    finally:
+        fake.close()
+    assert again.reused and again.local_dir == first.local_dir
+    assert not third.reused and (Path(third.local_dir) / "generation_config.json").read_bytes() == b
+    ids = json.loads((Path(third.local_dir) / MANIFEST).read_text())["files"]
+    assert all(v["id"].startswith("generation:") for v in ids.values())
+    assert media == []  # the weights were never read
+    assert json.loads((Path(first.local_dir) / MANIFEST).read_text())["store"] == f"gs|http://{fake.endpoint}|unsigned"
+
+
+# --------------------------------------------------------------------------- local disk
+
+
+@pytest.mark.parametrize(
+    "code,words",
+    [
+        (errno.ENOSPC, "is full"),
+        (errno.EDQUOT, "quota"),
+        (errno.EFBIG, "RLIMIT_FSIZE"),
+        (errno.ENAMETOOLONG, "longer than this filesystem allows"),
+        (errno.EACCES, f"(uid {os.getuid()}) may not write"),
+        (errno.EROFS, "read-only"),
+    ],
+)
+def test_local_faults_name_the_path_the_errno_and_the_fix(code, words):
+    path = "/cache/ray-runai-shim/.staging-x/tokenizer.json"
+    msg = str(local_error(OSError(code, os.strerror(code)), path=path, uri="s3://b/m", nbytes=5 << 20))
+    assert path in msg and errno.errorcode[code] in msg and words in msg
+    assert "RAY_RUNAI_SHIM_CACHE_DIR" in msg and "reachable" not in msg and "store" not in msg
+    if code == errno.ENOSPC:
+        assert "need 5.0 MiB" in msg
