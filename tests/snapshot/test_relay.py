@@ -1,0 +1,217 @@
+"""The node relay against a real S3 server behind a counting (and, where it matters,
+bandwidth-limited) proxy: N readers on a node read the store once, the copy is exact and
+freed by the last reader, a killed fetcher is taken over, a copy that does not fit is not
+made. Every reader is a process of its own (``support/relaychild.py``) that loads the
+tensors with the real Run:ai streamer, as vLLM's loader does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from support.fixtures import BUCKET
+from support.procs import base_env
+from support.proxy import CountingProxy
+from support.relaychild import CHILD
+
+from ray_runai_shim.snapshot import memory, relay
+from ray_runai_shim.stores.endpoint import endpoint_s3_filesystem
+
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def big(s3, models, tmp_path_factory):
+    """A 2-shard safetensors checkpoint of 12 MiB (random float32) plus config.json."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path_factory.mktemp("relay-model")
+    g = torch.Generator().manual_seed(7)
+    shards = {"model-00001-of-00002.safetensors": {"a": torch.randn(1024, 1024, generator=g),
+                                                   "b": torch.randn(512, 1024, generator=g)},
+              "model-00002-of-00002.safetensors": {"c": torch.randn(1536, 1024, generator=g)}}
+    for name, tensors in shards.items():
+        save_file(tensors, str(d / name))
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    client = s3.client()
+    for p in d.iterdir():
+        client.upload_file(str(p), BUCKET, f"relay/big/{p.name}")
+    want = {}
+    for name in shards:
+        for k, t in load_file(str(d / name)).items():
+            want[k] = hashlib.sha256(t.contiguous().view(-1).view(dtype=torch.uint8).numpy().tobytes()).hexdigest()
+    size = sum((d / n).stat().st_size for n in shards)
+    return {"uri": f"s3://{BUCKET}/relay/big", "weights": sorted(shards), "local": d, "bytes": size, "tensors": want}
+
+
+@pytest.fixture
+def relay_dir(monkeypatch):
+    """A relay directory of this test's own in /dev/shm (memory-backed, like the default)."""
+    d = Path(tempfile.mkdtemp(prefix="rrs-relay-test-", dir="/dev/shm"))
+    monkeypatch.setenv(relay.RELAY_DIR, str(d))
+    yield d
+    import shutil
+
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def start_reader(s3, endpoint: str, model: dict, relay_dir: Path, **args):
+    env = base_env({**s3.env(), "AWS_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL_S3": endpoint,
+                    relay.RELAY_DIR: str(relay_dir)})
+    payload = {"uri": model["uri"], "endpoint": endpoint, "weights": model["weights"], "mode": "relay", **args}
+    return subprocess.Popen([sys.executable, str(CHILD), json.dumps(payload)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc) -> dict:
+    out, err = proc.communicate(timeout=300)
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    assert lines, err[-3000:]
+    result = json.loads(lines[-1])
+    assert "error" not in result, (result, err[-3000:])
+    return result
+
+
+def shim_files(relay_dir: Path) -> list[str]:
+    return sorted(str(p.relative_to(relay_dir)) for p in relay_dir.rglob("*"))
+
+
+@pytest.mark.parametrize("readers", [2, 4])
+def test_n_readers_on_a_node_read_the_store_once(s3, big, relay_dir, readers):
+    with CountingProxy(s3.port) as proxy:
+        procs = [start_reader(s3, proxy.endpoint, big, relay_dir, hold=1.0) for _ in range(readers)]
+        results = [finish(p) for p in procs]
+        relayed = proxy.downstream
+    assert all(r["tensors"] == big["tensors"] for r in results)  # every reader got every tensor exactly
+    assert sum(1 for r in results if r["fetched"]) == 1  # one fetcher, the rest waited for it
+    assert relayed <= 1.05 * big["bytes"], (relayed, big["bytes"])
+    assert shim_files(relay_dir) == []  # the last reader out freed the copy and its lock files
+
+    # Control: the same readers streaming from the store themselves (the shim today, upstream Ray).
+    with CountingProxy(s3.port) as proxy:
+        procs = [start_reader(s3, proxy.endpoint, big, relay_dir, mode="stream") for _ in range(readers)]
+        results = [finish(p) for p in procs]
+        direct = proxy.downstream
+    assert all(r["tensors"] == big["tensors"] for r in results)
+    assert direct >= 0.98 * readers * big["bytes"], (direct, readers, big["bytes"])
+
+
+def fs_for(endpoint: str):
+    return lambda uri: (endpoint_s3_filesystem(False, endpoint), uri.split("://", 1)[1])
+
+
+def test_the_copy_is_exact_private_and_complete(s3, big, relay_dir, monkeypatch):
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(relay, "RANGE_BYTES", 1 * MIB)  # many ranges per object, fetched in parallel
+    got = relay.acquire(big["uri"], fs_for(s3.endpoint))
+    try:
+        assert got is not None and got.fetched and got.nbytes == big["bytes"]
+        assert got.path.parent == relay.root() and str(got.path).startswith(str(relay_dir))
+        for name in big["weights"]:
+            assert (got.path / name).read_bytes() == (big["local"] / name).read_bytes()
+        assert not (got.path / "config.json").exists()  # weights only: the non-weight files are the cache's
+        assert oct(relay.root().stat().st_mode & 0o777) == "0o700"
+        assert [p.name for p in relay.root().iterdir() if ".staging-" in p.name] == []
+        marker = json.loads((got.path / relay.MARKER).read_text())
+        assert marker["bytes"] == big["bytes"] and "testing" not in json.dumps(marker)
+        again = relay.acquire(big["uri"], fs_for(s3.endpoint))  # a second reader in this process
+        assert again is not None and not again.fetched and again.path == got.path
+        assert relay.release(again) is False  # the first hold still stands
+    finally:
+        assert relay.release(got) is True
+    assert relay.release(got) is False  # idempotent
+    assert shim_files(relay_dir) == []
+
+
+def test_kept_copy_is_reused_without_store_reads_and_never_stale(s3, big, relay_dir, monkeypatch):
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv(relay.RELAY_KEEP, str(10 * big["bytes"]))
+    with CountingProxy(s3.port) as proxy:
+        first = relay.acquire(big["uri"], fs_for(proxy.endpoint))
+        relay.release(first)
+        assert first.path.is_dir()  # kept under the cap, for a restart
+        proxy.reset()
+        second = relay.acquire(big["uri"], fs_for(proxy.endpoint))
+        assert not second.fetched and second.path == first.path
+        assert proxy.downstream < 64 << 10  # the listing only
+        relay.release(second)
+    # A new version of one shard: a new key, fetched again; the old copy is never served for it.
+    client = s3.client()
+    client.put_object(Bucket=BUCKET, Key="relay/big2/config.json", Body=b"{}")
+    for name in big["weights"]:
+        client.upload_file(str(big["local"] / name), BUCKET, f"relay/big2/{name}")
+    v1 = relay.acquire(big["uri"].replace("/big", "/big2"), fs_for(s3.endpoint))
+    relay.release(v1)
+    client.put_object(Bucket=BUCKET, Key=f"relay/big2/{big['weights'][0]}",
+                      Body=(big["local"] / big["weights"][0]).read_bytes() + b"")  # same bytes, new mtime
+    time.sleep(1.1)
+    client.put_object(Bucket=BUCKET, Key=f"relay/big2/{big['weights'][1]}", Body=b"x" * 1000)
+    v2 = relay.acquire(big["uri"].replace("/big", "/big2"), fs_for(s3.endpoint))
+    try:
+        assert v2.fetched and v2.path != v1.path and (v2.path / big["weights"][1]).read_bytes() == b"x" * 1000
+    finally:
+        relay.release(v2)
+
+
+def test_a_killed_fetcher_is_taken_over(s3, big, relay_dir):
+    with CountingProxy(s3.port, rate=2 * MIB) as link:  # 12 MiB at 2 MiB/s: ~6 s to fetch
+        victim = start_reader(s3, link.endpoint, big, relay_dir, range=MIB)
+        deadline = time.monotonic() + 60
+        while not any(".staging-" in p.name for p in relay_dir.rglob("*")):
+            assert time.monotonic() < deadline and victim.poll() is None, victim.communicate()
+            time.sleep(0.05)
+        time.sleep(1.0)
+        victim.kill()  # SIGKILL mid-fetch: its flock goes with it
+        victim.communicate()
+        staging = [p for p in relay_dir.rglob("*") if ".staging-" in p.name]
+        assert staging  # the half copy is there, never served
+        link.bucket.rate = None
+        result = finish(start_reader(s3, link.endpoint, big, relay_dir))  # same node, same store
+    assert result["fetched"] and result["tensors"] == big["tensors"]
+    assert shim_files(relay_dir) == []  # the half copy was cleaned, the full one freed
+
+
+def test_a_copy_that_does_not_fit_is_not_made(s3, big, relay_dir, monkeypatch, caplog):
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(memory, "HEADROOM_BYTES", 1 << 60)  # as on a node with no memory to spare
+    with caplog.at_level(logging.WARNING, logger="ray.runai_shim"):
+        got = relay.acquire(big["uri"], fs_for(s3.endpoint))
+    assert got is None
+    lines = [r.getMessage() for r in caplog.records if "node relay cannot hold" in r.getMessage()]
+    assert len(lines) == 1 and "streaming from the store instead" in lines[0] and relay.RELAY_DIR in lines[0]
+    assert shim_files(relay_dir) == []
+
+
+def test_room_reads_the_kernel():
+    r = memory.room(Path("/dev/shm"))
+    assert r.available and r.available > 0 and r.filesystem and r.filesystem > 0
+    assert r.usable() <= min(v for v in (r.available, r.cgroup, r.filesystem) if v is not None)
+
+
+def test_cgroup_limits_are_read_from_v2_and_v1_files(tmp_path):
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.max").write_text("8589934592\n")
+    (v2 / "memory.current").write_text("1073741824\n")
+    assert memory.cgroup_room(v2) == 7 << 30
+    (v2 / "memory.max").write_text("max\n")
+    assert memory.cgroup_room(v2) is None
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(str(4 << 30))
+    (v1 / "memory" / "memory.usage_in_bytes").write_text(str(1 << 30))
+    assert memory.cgroup_room(v1) == 3 << 30
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(str(1 << 62))  # v1's "no limit"
+    assert memory.cgroup_room(v1) is None

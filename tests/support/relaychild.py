@@ -1,0 +1,71 @@
+"""One reader of a model's weights on this node, in a process of its own.
+
+``python relaychild.py '<json>'`` with ``uri``, ``endpoint`` (the store, or the counting
+proxy in front of it), ``mode``: ``relay`` (the node relay, then the real streamer on the
+local copy) or ``stream`` (the real streamer straight from the store, as without the relay);
+``range`` (relay range bytes), ``hold`` (seconds to keep the copy before release),
+``release`` (default true). Prints one JSON line: per-tensor sha256, where the weights came
+from, whether this process fetched, timings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+CHILD = Path(__file__).resolve()
+
+
+def stream_tensors(paths: list[str]) -> dict[str, str]:
+    import torch
+    from runai_model_streamer import SafetensorsStreamer
+
+    out = {}
+    with SafetensorsStreamer() as streamer:
+        streamer.stream_files(paths)
+        for name, tensor in streamer.get_tensors():
+            out[name] = hashlib.sha256(tensor.contiguous().view(-1).view(dtype=torch.uint8).numpy().tobytes()).hexdigest()
+    return out
+
+
+def main(args: dict[str, Any]) -> dict[str, Any]:
+    from ray_runai_shim.snapshot import relay
+    from ray_runai_shim.stores.endpoint import endpoint_s3_filesystem
+
+    def fs_and_path(uri: str):
+        return endpoint_s3_filesystem(False, args["endpoint"]), uri.split("://", 1)[1]
+
+    if args.get("range"):
+        relay.RANGE_BYTES = int(args["range"])
+    t0 = time.monotonic()
+    result: dict[str, Any] = {"pid": os.getpid()}
+    if args["mode"] == "relay":
+        got = relay.acquire(args["uri"], fs_and_path)
+        if got is None:
+            result["relay"] = None
+            paths = [f"{args['uri']}/{k}" for k in args["weights"]]
+        else:
+            result.update(relay=str(got.path), fetched=got.fetched)
+            paths = [str(got.path / k) for k in args["weights"]]
+        result["tensors"] = stream_tensors(paths)
+        result["ready_s"] = time.monotonic() - t0
+        time.sleep(float(args.get("hold", 0)))
+        if got is not None and args.get("release", True):
+            result["freed"] = relay.release(got)
+    else:
+        result["tensors"] = stream_tensors([f"{args['uri']}/{k}" for k in args["weights"]])
+        result["ready_s"] = time.monotonic() - t0
+    return result
+
+
+if __name__ == "__main__":
+    try:
+        print(json.dumps(main(json.loads(sys.argv[1]))), flush=True)
+    except Exception as e:  # one JSON line either way
+        print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
+        sys.exit(1)
