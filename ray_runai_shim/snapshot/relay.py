@@ -44,9 +44,7 @@ from ..tables import settings
 from . import memory
 from .fetch import FsAndPath, Listing, _open_store, default_fs_and_path, list_model
 
-RELAY = "RAY_RUNAI_SHIM_RELAY"  # auto | on | off
-RELAY_DIR = "RAY_RUNAI_SHIM_RELAY_DIR"  # default: /dev/shm
-RELAY_KEEP = "RAY_RUNAI_SHIM_RELAY_KEEP"  # bytes a copy may keep after the last load (default 0)
+RELAY, RELAY_DIR, RELAY_KEEP = settings.RELAY, settings.RELAY_DIR, settings.RELAY_KEEP
 MARKER = ".ray-runai-shim-relay.json"
 RANGE_BYTES = 32 << 20
 WORKERS = 8
@@ -69,12 +67,7 @@ def root() -> Path:
 
 
 def keep_bytes() -> int:
-    raw = os.environ.get(RELAY_KEEP, "").strip()
-    try:
-        return max(0, int(raw)) if raw else 0
-    except ValueError:
-        logger.warning("ray-runai-shim: %s=%r is not a number of bytes; keeping nothing", RELAY_KEEP, raw)
-        return 0
+    return settings.count(RELAY_KEEP, 0)
 
 
 def key_for(listing: Listing, store_key: str) -> str:

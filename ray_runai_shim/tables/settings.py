@@ -19,6 +19,10 @@ AUTOLOAD = "RAY_RUNAI_SHIM_AUTOLOAD"
 CACHE_DIR = "RAY_RUNAI_SHIM_CACHE_DIR"
 LOCK_TIMEOUT = "RAY_RUNAI_SHIM_LOCK_TIMEOUT"
 HANDOFF = "RAY_RUNAI_SHIM_HANDOFF"
+RELAY = "RAY_RUNAI_SHIM_RELAY"  # auto | on | off: the node relay (one store read per node)
+RELAY_DIR = "RAY_RUNAI_SHIM_RELAY_DIR"  # where relay copies live (default: /dev/shm)
+RELAY_KEEP = "RAY_RUNAI_SHIM_RELAY_KEEP"  # bytes a copy may keep after the last load (default 0)
+NODE_ENGINES = "RAY_RUNAI_SHIM_NODE_ENGINES"  # engines of one model planned per node (default: 1)
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
@@ -69,6 +73,21 @@ def choice(name: str, choices: tuple[str, ...], default: str) -> str:
     if value in choices:
         return value
     _bad(name, raw, " or ".join(choices), default)
+    return default
+
+
+def count(name: str, default: int, low: int = 0) -> int:
+    """A whole number >= *low* (bytes, engines); unset or empty is *default*."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = low - 1
+    if value >= low:
+        return value
+    _bad(name, raw, f"a whole number >= {low}", default)
     return default
 
 
