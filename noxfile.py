@@ -1,13 +1,13 @@
 """The compatibility matrix: every Ray minor 2.43-2.60, the vLLM handoff per vLLM release, the oracle.
 
-    ./dev matrix            # everything (nox -s matrix), then the README table
+    ./dev matrix            # everything (nox -s matrix), then the tables in docs/compatibility.md
     ./dev matrix-ci         # the subset CI runs on every submission
     ./dev nox -s ray-2.49.2 # one release
 
 Run with the default test venv's python (``./dev`` does): each session builds or
 reuses its own layered env under ``.matrix/`` (see tests/matrix/ray_envs.py), so
 nox itself creates no venvs. Every session writes a verdict to
-``.matrix/results/``; ``compat-table`` turns those into the README's table.
+``.matrix/results/``; ``compat-table`` turns those into the tables in docs/compatibility.md.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def serve_releases(session: nox.Session) -> None:
 
 @nox.session(name="compat-table")
 def compat_table(session: nox.Session) -> None:
-    session.run(sys.executable, "tests/matrix/report.py", "--readme", "README.md")
+    session.run(sys.executable, "tests/matrix/report.py", "--docs", "docs/compatibility.md")
 
 
 def _notify(session: nox.Session, releases: tuple[str, ...], vllm: tuple[str, ...] = VLLM_RELEASES,
@@ -129,7 +129,7 @@ def _notify(session: nox.Session, releases: tuple[str, ...], vllm: tuple[str, ..
 
 @nox.session(name="matrix")
 def matrix(session: nox.Session) -> None:
-    """Every release, every vLLM, the oracle, wrapt 1.14; then the README table."""
+    """Every release, every vLLM, the oracle, wrapt 1.14; then the tables in docs/compatibility.md."""
     _notify(session, RAY_RELEASES)
     session.notify("compat-table")
 

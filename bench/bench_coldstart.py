@@ -14,7 +14,7 @@ streamer's concurrency / memory-limit settings on vLLM's own weight iterator.
 
     ./dev bench coldstart                 # 1 GiB, 2 runs per method, N = 2, 4, settings
     ./dev bench coldstart --size 4        # the 4 GiB checkpoint
-    ./dev bench coldstart --readme README.md   # also rewrite the README's cold-start block
+    ./dev bench coldstart --docs docs/benchmarks.md   # also rewrite the cold-start block there
 
 Timers come from ``tests/support/site/rrs_timing.py`` (download phase in the stage
 actor, ``load_model`` in the EngineCore, peak RSS of both); bytes read from the store
@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from bench_coldstart_report import readme_block, report, write_readme
+from bench_coldstart_report import PAGE, has_block, page, readme_block, report, write_readme
 from bench_measure import walk_bytes
 from bench_models import GIB, MIB, build_llama, upload_dir
 from bench_report import env_info
@@ -182,13 +182,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--engines", type=parse_list, default=[2, 4], help="N engines on one node (default 2,4; '' skips)")
     ap.add_argument("--no-streamer-settings", action="store_true")
-    ap.add_argument("--readme", type=Path, help="rewrite this README's cold-start block from the run")
+    ap.add_argument("--docs", type=Path, metavar="PATH",
+                    help=f"rewrite the cold-start block of this page from the run (a folder: its {PAGE})")
     ap.add_argument("--tmp", default=tempfile.gettempdir())
     args = ap.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
     unknown = set(methods) - set(METHODS)
     if unknown:
         ap.error(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
+    doc = page(args.docs) if args.docs else None
+    if doc is not None and not has_block(doc):  # say so now, not after the run
+        ap.error(f"{doc} needs exactly one bench-coldstart block to rewrite")
 
     need = 2.5 * args.size * GIB + GIB
     if shutil.disk_usage(args.tmp).free < need:
@@ -256,9 +260,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
         RESULTS_JSON.write_text(json.dumps(data, indent=1))
         print(f"\nwrote {RESULTS_JSON}")
-        if args.readme:
-            write_readme(args.readme, readme_block(data))
-            print(f"rewrote the cold-start block in {args.readme}")
+        if doc is not None:
+            write_readme(doc, readme_block(data))
+            print(f"rewrote the cold-start block in {doc}")
         return 0
     finally:
         if server is not None:

@@ -1,4 +1,4 @@
-"""bench part: the cold-start tables -- medians per method, the ratios, and the README block."""
+"""bench part: the cold-start tables -- medians per method, the ratios, and the block in docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from bench_models import MIB
 
 BEGIN = "<!-- bench-coldstart:begin -->"
 END = "<!-- bench-coldstart:end -->"
+#: The docs page that holds the block (``--docs docs/`` means this file in that folder).
+PAGE = "benchmarks.md"
 #: What each method is, for the tables.
 LABELS = {
     "ray-alone": "Ray 2.48 alone (full copy, vLLM loads the copy)",
@@ -113,7 +115,7 @@ def report(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def readme_block(data: dict[str, Any]) -> str:
-    """The README's cold-start section body, from one run's JSON."""
+    """The cold-start block of docs/benchmarks.md (markers included), from one run's JSON."""
     model = data["model"]
     env = data["env"]
     return (
@@ -125,11 +127,24 @@ def readme_block(data: dict[str, Any]) -> str:
     )
 
 
-def write_readme(path: Path, block: str) -> None:
-    """Replace the text between the markers (both must be there, once each)."""
+def page(path: Path) -> Path:
+    """``docs/`` -> ``docs/benchmarks.md``; a file path is taken as given."""
+    return path / PAGE if path.is_dir() else path
+
+
+def has_block(path: Path) -> bool:
+    """Whether *path* is a file with exactly one BEGIN ... END block."""
+    if not path.is_file():
+        return False
     text = path.read_text()
-    if text.count(BEGIN) != 1 or text.count(END) != 1:
+    return text.count(BEGIN) == 1 and text.count(END) == 1
+
+
+def write_readme(path: Path, block: str) -> None:
+    """Replace the text between the markers in the page *path* (both must be there, once each)."""
+    if not has_block(path):
         raise SystemExit(f"{path} needs exactly one {BEGIN} ... {END} block to rewrite")
+    text = path.read_text()
     head, rest = text.split(BEGIN)
     _old, tail = rest.split(END)
     path.write_text(head + block + tail)

@@ -162,7 +162,7 @@ def plan_for_init(args: tuple, kwargs: dict) -> Optional[InitEnv]:
     if isinstance(address, str) and address.startswith("ray://"):
         logger.warning(
             "ray-runai-shim: Ray Client (%s) does not run job-level setup hooks; install "
-            "ray-runai-shim on the cluster image (see README: Deploying)",
+            "ray-runai-shim on the cluster image (see docs/deploying.md)",
             address,
         )
         return None

