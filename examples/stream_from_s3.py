@@ -34,14 +34,19 @@ def main(argv: list) -> int:
     ap.add_argument("--cpu", action="store_true", help="run vLLM's CPU backend (no GPU)")
     ap.add_argument("--address", help="connect to this Ray cluster instead of starting one")
     ap.add_argument("--json", help="write the rows here as JSON")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1)
+    ap.add_argument("--concurrency", type=int, default=1, help="engines (Ray Data actors)")
     args = ap.parse_args(argv)
 
     engine_kwargs = {"load_format": args.load_format, "max_model_len": 128}
+    if args.tensor_parallel_size > 1:
+        engine_kwargs["tensor_parallel_size"] = args.tensor_parallel_size
+    slots = args.tensor_parallel_size * args.concurrency
     extra = {}
     if args.address:
         ray.init(address=args.address)
     elif args.cpu:
-        ray.init(num_cpus=2, resources={"fake_accel": 1}, include_dashboard=False)
+        ray.init(num_cpus=max(2, slots), resources={"fake_accel": slots}, include_dashboard=False)
     if args.cpu:
         engine_kwargs.update(dtype="float32", enforce_eager=True, max_num_seqs=4)
         # Schedule the engine on a custom resource instead of a GPU (the knob moved in Ray 2.50).
@@ -53,7 +58,7 @@ def main(argv: list) -> int:
     config = vLLMEngineProcessorConfig(
         model_source=args.model_source,
         engine_kwargs=engine_kwargs,
-        concurrency=1,
+        concurrency=args.concurrency,
         batch_size=4,
         apply_chat_template=False,
         tokenize=False,

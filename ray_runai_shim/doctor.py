@@ -49,7 +49,7 @@ def _version(dist: str) -> Optional[str]:
 
 def environment() -> dict[str, str]:
     from .activation.ray_init import FORWARD_ENV, FORWARD_PREFIXES
-    from .redact import redact_env
+    from .diagnostics.redact import redact_env
 
     names = set(FORWARD_ENV) | set(SECRET_ENV) | set(SHOWN_ENV)
     names |= {k for k in os.environ if k.startswith(FORWARD_PREFIXES)}
@@ -179,6 +179,29 @@ def activation_route() -> dict[str, Any]:
             "adds": list(plan.added), "autoload_pth_installed": autoload_installed(), "warning": plan.warning}
 
 
+def node_report() -> dict[str, Any]:
+    """The relay and the streamer memory budget this node would use (issues #25, #29)."""
+    from pathlib import Path
+
+    from .snapshot import memory, relay
+
+    room = memory.room(Path("/dev/shm"))
+    usable = room.usable()
+    user_limit = os.environ.get("RUNAI_STREAMER_MEMORY_LIMIT")
+    return {
+        "relay": relay.mode(),
+        "relay_dir": str(relay.root()),
+        "memory": room.describe(),
+        "usable_bytes": usable,
+        "budget_per_reader": {
+            str(n): ("set by RUNAI_STREAMER_MEMORY_LIMIT" if user_limit else
+                     "streamer default (fits)" if (b := memory.reader_budget(n, usable)) is None else
+                     "below one reader's minimum: streamer default" if b == 0 else human_bytes(b))
+            for n in (1, 2, 4, 8)
+        },
+    }
+
+
 def collect(uri: Optional[str], load_format: str) -> dict[str, Any]:
     from . import status
     from .activation.ray_init import importable_by_workers
@@ -207,6 +230,7 @@ def collect(uri: Optional[str], load_format: str) -> dict[str, Any]:
         ),
         "activation": activation_route(),
         "environment": environment(),
+        "node": node_report(),
     }
     if uri:
         report["model"] = inspect_uri(uri, load_format)
@@ -233,9 +257,13 @@ def render(r: dict[str, Any]) -> str:
     if a["warning"]:
         lines.append(f"  WARNING: {a['warning']}")
     lines += ["", "environment:"] + ([f"  {k}={v}" for k, v in r["environment"].items()] or ["  (none set)"])
+    n = r["node"]
+    lines += ["", f"this node: relay {n['relay']} (auto: 2+ readers of one model share a copy in {n['relay_dir']})",
+              f"  memory: {n['memory']}",
+              "  streamer memory per reader: " + "; ".join(f"{k} reader(s): {v}" for k, v in n["budget_per_reader"].items())]
     m = r.get("model")
     if m:
-        from .redact import shown_uri
+        from .diagnostics.redact import shown_uri
 
         lines += ["", f"model {shown_uri(m['uri'])} (load_format={m['load_format']}):"]
         if "fetch" in m:

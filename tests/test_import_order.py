@@ -203,14 +203,18 @@ def test_what_ray_2_48_gets_wrapped():
         f"{targets.VLLM_WORKER_BASE}.WorkerWrapperBase.init_worker",
         # #12: config-deployed Serve apps (acts only inside a Ray worker: the controller's build task).
         f"{targets.SERVE_BUILD_APP}._set_default_runtime_env",
+        # #25/#29: the node relay swaps the weights URI after the config is built, released when loaded.
+        f"{targets.VLLM_ASYNC_LLM}.AsyncLLM.__init__", f"{targets.VLLM_LLM_ENGINE}.LLMEngine.__init__",
     } | {f"{m}.download_model_files" for m in TOKENIZER_MODULES_IF_PLANNED}
-    assert runs[targets.VLLM_ARG_UTILS]["shim_first"]["state"]["EngineArgs.create_engine_config"] == 2
+    # weights (vLLM < 0.14 route), vLLM's runtime_env, and the relay outermost
+    assert runs[targets.VLLM_ARG_UTILS]["shim_first"]["state"]["EngineArgs.create_engine_config"] == 3
 
 
 
-@pytest.mark.parametrize("module", sorted({"ray_runai_shim." + m.rsplit(".", 1)[-1] for m in targets.wrapper_modules()}
+@pytest.mark.parametrize("module", sorted(set(targets.wrapper_modules())
                                           | {"ray_runai_shim.patches", "ray_runai_shim.tables.targets",
-                                             "ray_runai_shim.diagnostics.doctor", "ray_runai_shim.snapshot.fetch"}))
+                                             "ray_runai_shim.doctor", "ray_runai_shim.snapshot.fetch",
+                                             "ray_runai_shim.snapshot.relay"}))
 def test_any_shim_module_can_be_the_first_import(module):
     out = last_json(run_python(f"import json, sys\nimport {module}\nprint(json.dumps(sorted(sys.modules)))",
                                env=base_env(site=False)))

@@ -17,6 +17,11 @@ from typing import NamedTuple, Optional
 CGROUP = Path("/sys/fs/cgroup")
 #: Kept free for everything else on the node (the engines' own RSS, Ray, the OS).
 HEADROOM_BYTES = 1 << 30
+#: The streamer's own host-memory default per process group (runai-model-streamer 0.17.x).
+STREAMER_DEFAULT_LIMIT = 40 * 10**9
+#: Less than this per reader is not a budget worth setting (the largest tensors of big models
+#: are 1-2 GB): say so, and leave the streamer's default.
+MIN_READER_BYTES = 1 << 30
 
 
 def _read_int(path: Path) -> Optional[int]:
@@ -33,32 +38,42 @@ def _read_int(path: Path) -> Optional[int]:
     return value if value < (1 << 60) else None  # v1 says "no limit" with a huge number
 
 
-def _own_cgroup_v2(root: Path) -> Path:
-    """The v2 cgroup this process is in (``0::/path`` in /proc/self/cgroup)."""
+def _own_paths(proc_cgroup: Path = Path("/proc/self/cgroup")) -> tuple[str, str]:
+    """This process's cgroup paths: (v2 unified, v1 memory controller)."""
+    v2 = v1 = ""
     try:
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            if line.startswith("0::"):
-                rel = line[3:].strip().lstrip("/")
-                candidate = root / rel
-                if (candidate / "memory.max").exists():
-                    return candidate
+        for line in proc_cgroup.read_text().splitlines():
+            ident, _, rest = line.partition(":")
+            controllers, _, path = rest.partition(":")
+            if ident == "0" and not controllers:
+                v2 = path.strip().lstrip("/")
+            elif "memory" in controllers.split(","):
+                v1 = path.strip().lstrip("/")
     except OSError:
         pass
-    return root
+    return v2, v1
 
 
-def cgroup_room(root: Path = CGROUP) -> Optional[int]:
-    """Bytes the container may still use (limit minus usage); None when it has no limit."""
-    v2 = _own_cgroup_v2(root)
-    limit = _read_int(v2 / "memory.max")
-    if limit is not None:
-        used = _read_int(v2 / "memory.current") or 0
-        return max(0, limit - used)
-    limit = _read_int(root / "memory" / "memory.limit_in_bytes")
-    if limit is not None:
-        used = _read_int(root / "memory" / "memory.usage_in_bytes") or 0
-        return max(0, limit - used)
-    return None
+def _tightest(top: Path, rel: str, limit_file: str, usage_file: str) -> Optional[int]:
+    """The smallest (limit - usage) from *top*/*rel* up to *top*: a parent's limit binds too."""
+    best: Optional[int] = None
+    d = top / rel if rel else top
+    while True:
+        limit = _read_int(d / limit_file)
+        if limit is not None:
+            room = max(0, limit - (_read_int(d / usage_file) or 0))
+            best = room if best is None else min(best, room)
+        if d == top or top not in d.parents:
+            return best
+        d = d.parent
+
+
+def cgroup_room(root: Path = CGROUP, proc_cgroup: Path = Path("/proc/self/cgroup")) -> Optional[int]:
+    """Bytes the container may still use (its tightest limit minus usage); None without a limit."""
+    v2_rel, v1_rel = _own_paths(proc_cgroup)
+    if (root / "cgroup.controllers").exists() or (root / "memory.max").exists():
+        return _tightest(root, v2_rel, "memory.max", "memory.current")
+    return _tightest(root / "memory", v1_rel, "memory.limit_in_bytes", "memory.usage_in_bytes")
 
 
 def mem_available(meminfo: Path = Path("/proc/meminfo")) -> Optional[int]:
@@ -101,3 +116,12 @@ class Room(NamedTuple):
 
 def room(where: Path) -> Room:
     return Room(mem_available(), cgroup_room(), fs_free(where))
+
+
+def reader_budget(readers: int, usable: int) -> Optional[int]:
+    """Each reader's share of *usable* bytes for ``RUNAI_STREAMER_MEMORY_LIMIT``: None when the
+    streamer's default already fits, 0 when a share is below one reader's minimum."""
+    share = usable // max(1, readers)
+    if share >= STREAMER_DEFAULT_LIMIT:
+        return None
+    return share if share >= MIN_READER_BYTES else 0

@@ -34,6 +34,7 @@ SERVE_MIRROR = "serve-mirror-uri"  # give Serve's vLLM engine the mirror URI, no
 S3_ANONYMOUS = "s3-anonymous"  # map Ray's s3://anonymous@ URIs to the streamer's unsigned mode (2.51+)
 AUX_PULL = "vllm-aux-pull"  # fetch vLLM's non-weight files once per node, locked (vLLM 0.11-0.15 race)
 PEER_FILES = "vllm-peer-files"  # the non-weight files on every node a vLLM worker runs on (vllm#50616)
+RELAY = "node-relay"  # N readers on a node (engines x ranks) read the store once; one streamer memory budget
 
 #: vLLM releases whose own pull of the non-weight files wipes and re-creates a shared
 #: directory on every engine config (``rmtree`` + ``makedirs``): engines starting together
@@ -41,6 +42,8 @@ PEER_FILES = "vllm-peer-files"  # the non-weight files on every node a vLLM work
 VLLM_AUX_PULL_RACE: tuple[tuple[int, int], tuple[int, int]] = ((0, 11), (0, 16))
 _PEER_WHY = ("vLLM's workers on other nodes (tensor/pipeline parallel across nodes) are told a model "
              "directory that exists only where the engine was configured (vllm#50616)")
+_RELAY_WHY = ("every engine and tensor-parallel rank on a node streams the whole checkpoint (N x S from "
+              "the store, N x 40 GB of streamer memory): the shim reads it once per node and bounds the memory")
 _RACE_WHY = ("with vLLM 0.11-0.15, engines starting together on one node race on vLLM's own pull of "
              "the non-weight files (ray#60681): the shim fetches them once per node, locked")
 
@@ -58,40 +61,40 @@ RAY_RANGES: tuple[Range, ...] = (
     Range(
         (2, 45),
         (2, 50),
-        frozenset({DOWNLOAD, HANDOFF, ENDPOINT, ACTIVATION, RUNTIME_ENV, TOKENIZER, PEER_FILES}),
+        frozenset({RELAY, DOWNLOAD, HANDOFF, ENDPOINT, ACTIVATION, RUNTIME_ENV, TOKENIZER, PEER_FILES}),
         "the vLLM stage downloads the whole model and hands vLLM the local copy (ray#55574); "
-        "tokenizer-only downloads drop chat_template.jinja, vocab.json, ... (ray#62047); " + _PEER_WHY,
+        "tokenizer-only downloads drop chat_template.jinja, vocab.json, ... (ray#62047); " + _PEER_WHY + "; " + _RELAY_WHY,
     ),
     Range(
         (2, 50),
         (2, 51),
-        frozenset({DOWNLOAD, HANDOFF, ACTIVATION, RUNTIME_ENV, TOKENIZER, PEER_FILES}),
+        frozenset({RELAY, DOWNLOAD, HANDOFF, ACTIVATION, RUNTIME_ENV, TOKENIZER, PEER_FILES}),
         "the vLLM stage skips *.safetensors for runai_streamer/tensorizer (runai_streamer_sharded: "
         "the whole model) but still hands vLLM the local copy; tokenizer-only downloads drop "
-        "chat_template.jinja, vocab.json, ... (ray#62047); " + _PEER_WHY,
+        "chat_template.jinja, vocab.json, ... (ray#62047); " + _PEER_WHY + "; " + _RELAY_WHY,
     ),
     Range(
         (2, 51),
         (2, 52),
-        frozenset({SHARDED_FORMAT, ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS, AUX_PULL, PEER_FILES}),
+        frozenset({RELAY, SHARDED_FORMAT, ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS, AUX_PULL, PEER_FILES}),
         "the vLLM stage streams runai_streamer/tensorizer but not runai_streamer_sharded; "
         "tokenizer-only downloads drop chat_template.jinja, vocab.json, ... (ray#62047); "
-        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open; " + _RACE_WHY + "; " + _PEER_WHY,
+        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open; " + _RACE_WHY + "; " + _PEER_WHY + "; " + _RELAY_WHY,
     ),
     Range(
         (2, 52),
         (2, 56),
-        frozenset({ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS, AUX_PULL, PEER_FILES}),
+        frozenset({RELAY, ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS, AUX_PULL, PEER_FILES}),
         "the vLLM stage streams all formats natively; tokenizer-only downloads drop "
         "chat_template.jinja, vocab.json, merges.txt, ... (ray#62047, fixed in 2.56); "
-        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open; " + _RACE_WHY + "; " + _PEER_WHY,
+        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open; " + _RACE_WHY + "; " + _PEER_WHY + "; " + _RELAY_WHY,
     ),
     Range(
         (2, 56),
         (2, 61),
-        frozenset({ACTIVATION, S3_ANONYMOUS, PEER_FILES}),
+        frozenset({RELAY, ACTIVATION, S3_ANONYMOUS, PEER_FILES}),
         "the vLLM stage streams all formats natively, but s3://anonymous@ URIs reach vLLM as "
-        "given, which the streamer cannot open; " + _PEER_WHY,
+        "given, which the streamer cannot open; " + _PEER_WHY + "; " + _RELAY_WHY,
         needs="vllm",
     ),
 )
@@ -109,7 +112,7 @@ SERVE_RANGES: tuple[Range, ...] = (
     Range(
         (2, 45),
         (2, 52),
-        frozenset({SERVE_DOWNLOAD, SERVE_HANDOFF, SERVE_ACTIVATION}),
+        frozenset({RELAY, SERVE_DOWNLOAD, SERVE_HANDOFF, SERVE_ACTIVATION}),
         "Serve LLM's node initialisation downloads the whole model (string URI or "
         "CloudMirrorConfig; with pipeline parallelism > 1 on every node of the placement group) and "
         "hands vLLM the local copy",
@@ -117,7 +120,7 @@ SERVE_RANGES: tuple[Range, ...] = (
     Range(
         (2, 52),
         (2, 57),
-        frozenset({SERVE_MIRROR, ACTIVATION, SERVE_ACTIVATION, AUX_PULL}),
+        frozenset({RELAY, SERVE_MIRROR, ACTIVATION, SERVE_ACTIVATION, AUX_PULL}),
         "Serve LLM streams string URIs natively, but a CloudMirrorConfig source with a streaming "
         "load_format hands vLLM the bare model_id (fixed in 2.59 by ray#65753): the shim gives "
         "vLLM the mirror URI; " + _RACE_WHY,
@@ -125,7 +128,7 @@ SERVE_RANGES: tuple[Range, ...] = (
     Range(
         (2, 57),
         (2, 59),
-        frozenset({SERVE_MIRROR, ACTIVATION, SERVE_ACTIVATION}),
+        frozenset({RELAY, SERVE_MIRROR, ACTIVATION, SERVE_ACTIVATION}),
         "Serve LLM hands vLLM the bare model_id for every remote source with a streaming "
         "load_format (ray#64978/ray#65477, a 2.57 regression fixed in 2.59): the shim gives vLLM "
         "the source URI",

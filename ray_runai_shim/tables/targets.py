@@ -27,6 +27,7 @@ from .support import (
     ENDPOINT,
     HANDOFF,
     PEER_FILES,
+    RELAY,
     RUNTIME_ENV,
     S3_ANONYMOUS,
     SERVE_ACTIVATION,
@@ -51,6 +52,8 @@ ENGINES_VLLM_MODELS = "ray.llm._internal.serve.engines.vllm.vllm_models"  # 2.51
 VLLM_ARG_UTILS = "vllm.engine.arg_utils"
 VLLM_WORKER_BASE = "vllm.v1.worker.worker_base"  # WorkerWrapperBase once V0 is gone (0.13, 0.15, 0.32 read)
 VLLM_V0_WORKER_BASE = "vllm.worker.worker_base"  # ... and before (0.10.2 read)
+VLLM_ASYNC_LLM = "vllm.v1.engine.async_llm"  # AsyncLLM (= AsyncLLMEngine): returns once every rank loaded
+VLLM_LLM_ENGINE = "vllm.v1.engine.llm_engine"  # LLMEngine (vllm.LLM), likewise
 SERVE_BUILD_APP = "ray.serve._private.build_app"  # run by the controller's config-deploy build task
 
 WRAP = "wrap"  # replace module.attr by a wrapt FunctionWrapper
@@ -109,6 +112,14 @@ TARGETS: tuple[Target, ...] = (
     # (ray#60681). After s3-anonymous in this table, so it wraps outside it and sees Ray's URI.
     Target(AUX_PULL, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", "ray_runai_shim.integrations.aux_pull:create_engine_config",
            only_for=("vllm", *VLLM_AUX_PULL_RACE)),
+    # Every reader on a node (engines x TP/PP ranks) streams the whole checkpoint: relay it through
+    # node memory, read once; one streamer memory budget per node. Outermost on create_engine_config
+    # (after the handoffs above), so it sees the weights URI vLLM will stream; released once loaded.
+    Target(RELAY, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", "ray_runai_shim.integrations.relay:create_engine_config"),
+    Target(RELAY, VLLM_ASYNC_LLM, "AsyncLLM.__init__", "ray_runai_shim.integrations.relay:engine_ready",
+           if_has="AsyncLLM"),
+    Target(RELAY, VLLM_LLM_ENGINE, "LLMEngine.__init__", "ray_runai_shim.integrations.relay:engine_ready",
+           if_has="LLMEngine"),
     # vLLM's workers on other nodes (TP/PP across nodes) are told a model dir that exists only on the
     # node that built the config (vllm#50616): fetch the non-weight files there, in the worker.
     Target(PEER_FILES, VLLM_WORKER_BASE, "WorkerWrapperBase.init_worker", "ray_runai_shim.integrations.peer_files:init_worker",

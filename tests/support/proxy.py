@@ -4,15 +4,20 @@ Loopback is far faster than any real store link, so a test or benchmark whose re
 depends on bandwidth puts this between its readers and the S3 server: every byte the
 store sends passes one token bucket (``rate`` bytes/s for all connections together, as
 on a node's one link) and is counted. ``rate=None`` counts without limiting.
+HTTP/1.1 responses are followed per connection, so the bytes of each object's bodies are
+counted apart (``by_path``): "weight bytes from the store" excludes listings and headers.
 Used by the relay tests and ``bench/bench_nodes.py``.
 """
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
-from typing import Optional
+from collections import defaultdict, deque
+from typing import Callable, Optional
+from urllib.parse import unquote, urlsplit
 
 
 class _Bucket:
@@ -33,6 +38,55 @@ class _Bucket:
             time.sleep(wait)
 
 
+_REQUEST = re.compile(rb"(GET|HEAD|PUT|POST|DELETE) (\S+) HTTP/1\.[01]\r\n")
+
+
+class _HttpTap:
+    """Attribute response body bytes to the request path they answer (keep-alive, in order)."""
+
+    def __init__(self, count: Callable[[str, int], None]) -> None:
+        self.pending: deque = deque()
+        self.head = b""
+        self.body_left = 0
+        self.path = "?"
+        self.count = count
+        self.lost = False  # a reply this tap cannot follow (chunked): count the rest as "?"
+
+    def request(self, data: bytes) -> None:
+        for m in _REQUEST.finditer(data):
+            self.pending.append((m.group(1).decode(), unquote(urlsplit(m.group(2).decode()).path)))
+
+    def response(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            if self.lost:
+                self.count("?", len(view))
+                return
+            if self.body_left:
+                n = min(self.body_left, len(view))
+                self.count(self.path, n)
+                self.body_left -= n
+                view = view[n:]
+                continue
+            self.head += bytes(view)
+            view = memoryview(b"")
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head, rest = self.head[:end], self.head[end + 4:]
+            self.head = b""
+            method, self.path = self.pending.popleft() if self.pending else ("GET", "?")
+            length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+            status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/") else 0
+            if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+                self.body_left = 0
+            elif length is None:
+                self.lost = True
+            else:
+                self.body_left = int(length.group(1))
+            view = memoryview(rest)
+
+
 class CountingProxy:
     """``CountingProxy(upstream_port, rate).start()``; ``.endpoint`` is the URL to use as
     ``AWS_ENDPOINT_URL``; ``.downstream`` counts bytes the store sent to readers."""
@@ -44,6 +98,7 @@ class CountingProxy:
         self.downstream = 0
         self.upstream_bytes = 0
         self.connections = 0
+        self.by_path: dict[str, int] = defaultdict(int)
         self._sock = socket.socket()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
@@ -60,6 +115,16 @@ class CountingProxy:
     def reset(self) -> None:
         with self._count_lock:
             self.downstream = self.upstream_bytes = self.connections = 0
+            self.by_path.clear()
+
+    def body_bytes(self, suffix: str) -> int:
+        """Response body bytes of every object whose path ends with *suffix*."""
+        with self._count_lock:
+            return sum(n for path, n in self.by_path.items() if path.endswith(suffix))
+
+    def _count_path(self, path: str, n: int) -> None:
+        with self._count_lock:
+            self.by_path[path] += n
 
     def start(self) -> CountingProxy:
         t = threading.Thread(target=self._accept, name="proxy-accept", daemon=True)
@@ -100,10 +165,11 @@ class CountingProxy:
             with self._count_lock:
                 self.connections += 1
             self._open.update((client, server))
+            tap = _HttpTap(self._count_path)
             for src, dst, down in ((client, server, False), (server, client, True)):
-                threading.Thread(target=self._pump, args=(src, dst, down), daemon=True).start()
+                threading.Thread(target=self._pump, args=(src, dst, down, tap), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, down: bool) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, down: bool, tap: _HttpTap) -> None:
         try:
             while True:
                 data = src.recv(64 << 10)
@@ -116,6 +182,10 @@ class CountingProxy:
                         self.downstream += len(data)
                     else:
                         self.upstream_bytes += len(data)
+                if down:
+                    tap.response(data)
+                else:
+                    tap.request(data)
                 dst.sendall(data)
         except OSError:
             pass

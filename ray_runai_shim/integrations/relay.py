@@ -1,0 +1,134 @@
+"""vLLM's engine config: read the weights once per node (the relay), within one memory budget.
+
+Wrapped where every front-end meets vLLM, in the process that builds the engine (Ray Data's
+stage actor, a Serve replica, a plain driver): ``EngineArgs.create_engine_config``. After
+vLLM built its config, the weights URI it will stream (``model_config.model_weights``, or
+``model`` itself) is swapped for a node-local copy when two or more readers on this node
+will load it -- the tensor-parallel / pipeline-parallel ranks of this engine times the
+engines planned per node (``RAY_RUNAI_SHIM_NODE_ENGINES``) -- so each rank and engine streams
+local memory with the same ``runai_streamer`` format. One reader alone keeps streaming from
+the store. The hold on the copy ends when this process's engine is ready (vLLM's
+``AsyncLLM`` / ``LLMEngine`` constructors return only after every rank loaded), and the last
+reader on the node frees it (:mod:`..snapshot.relay`).
+
+Where the user has not bounded the streamer's host memory (``RUNAI_STREAMER_MEMORY_LIMIT`` or
+``model_loader_extra_config["memory_limit"]``), the readers on the node share one budget taken
+from the node's and the container's free memory (:mod:`..snapshot.memory`): N readers at the
+streamer's default 40 GB each can no longer push the node into OOM.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ..failopen import NotApplicable, fail_open
+from ..log import human_bytes, logger
+from ..snapshot import memory
+from ..snapshot import relay as node_relay
+from ..tables import settings
+from ..tables.support import is_remote_uri, normalize_load_format
+
+MEMORY_LIMIT = "RUNAI_STREAMER_MEMORY_LIMIT"
+RELAYED_FORMATS = ("runai_streamer",)
+
+_lock = threading.Lock()
+_held: list[node_relay.Relay] = []
+
+
+def readers_on_node(engine_args: Any) -> int:
+    """The ranks of this engine (TP x PP; all on this node unless Ray places them) times the
+    engines of this model planned per node."""
+    tp = int(getattr(engine_args, "tensor_parallel_size", 1) or 1)
+    pp = int(getattr(engine_args, "pipeline_parallel_size", 1) or 1)
+    return tp * pp * settings.count(settings.NODE_ENGINES, 1, low=1)
+
+
+def relay_wanted(readers: int) -> bool:
+    mode = node_relay.mode()
+    return mode == "on" or (mode == "auto" and readers >= 2)
+
+
+def _extra(engine_args: Any) -> dict:
+    extra = getattr(engine_args, "model_loader_extra_config", None) or {}
+    return extra if isinstance(extra, dict) else {}
+
+
+def streamer_budget(engine_args: Any, readers: int) -> Optional[int]:
+    """Bytes of host memory each reader's streamer may use, or None when the user chose, or
+    the streamer's default already fits."""
+    if os.environ.get(MEMORY_LIMIT) or _extra(engine_args).get("memory_limit") is not None:
+        return None
+    usable = memory.room(Path("/dev/shm")).usable()
+    share = memory.reader_budget(readers, usable)
+    if share == 0:
+        logger.warning(
+            "ray-runai-shim: this node has %s of memory to spare for %d weight reader(s), less than one "
+            "reader's minimum (%s): the streamer keeps its default; set %s or free memory",
+            human_bytes(usable), readers, human_bytes(memory.MIN_READER_BYTES), MEMORY_LIMIT)
+        return None
+    return share
+
+
+def _weights_of(model_config: Any) -> Optional[str]:
+    weights = getattr(model_config, "model_weights", None) or getattr(model_config, "model", None)
+    return weights if isinstance(weights, str) and is_remote_uri(weights) else None
+
+
+@fail_open("the node relay", fallback="this engine streams its weights from the store itself")
+def create_engine_config(original: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    if normalize_load_format(getattr(instance, "load_format", None)) not in RELAYED_FORMATS:
+        raise NotApplicable("not the runai_streamer load format")
+    if _extra(instance).get("distributed"):
+        raise NotApplicable("distributed streaming asked for: vLLM splits the reads among the ranks")
+    config = original(*args, **kwargs)
+    model_config = getattr(config, "model_config", None)
+    uri = _weights_of(model_config)
+    if uri is None:
+        return config  # local weights or a hub id: nothing to relay
+    readers = readers_on_node(instance)
+    budget = streamer_budget(instance, readers)
+    if budget is not None:
+        os.environ.setdefault(MEMORY_LIMIT, str(budget))  # the engine core and its ranks inherit it
+        (logger.info if readers > 1 else logger.debug)(
+            "ray-runai-shim: streamer memory budget %s per reader (%d reader(s) on this node); %s",
+                    human_bytes(budget), readers, memory.room(Path("/dev/shm")).describe())
+    if not relay_wanted(readers):
+        return config
+    got = node_relay.acquire(uri)
+    if got is None:
+        return config  # does not fit: streams from the store (acquire said so)
+    object.__setattr__(model_config, "model_weights", got.uri)
+    with _lock:
+        _held.append(got)
+    logger.info("ray-runai-shim: %d reader(s) on this node stream %s from the node relay %s", readers, uri, got.path)
+    return config
+
+
+def release_all() -> None:
+    """This process's engine has loaded (or given up): drop its holds on relay copies."""
+    with _lock:
+        held = list(_held)
+        _held.clear()
+    for got in held:
+        try:
+            node_relay.release(got)
+        except Exception:
+            logger.warning("ray-runai-shim: could not release the node relay copy %s", got.path, exc_info=True)
+
+
+atexit.register(release_all)
+
+
+@fail_open("releasing the node relay copy", fallback="the copy is freed when this process exits")
+def engine_ready(original: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    with _lock:
+        if not _held:
+            raise NotApplicable("no relay copy held in this process")
+    try:
+        return original(*args, **kwargs)
+    finally:
+        release_all()

@@ -1,0 +1,83 @@
+"""The node relay end to end: Ray Data's vLLM stage with the real vLLM CPU engine at
+``tensor_parallel_size=2`` (vLLM's mp executor, one core per rank), the bucket behind a
+counting proxy. Without the relay every rank streams the whole checkpoint (2 x S from the
+store); with it the node reads S once, the ranks load from memory, the greedy tokens are
+the same, no weight byte reaches disk and nothing of the shim's is left in the relay dir.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from support.fixtures import make_sandbox
+from support.procs import REPO
+from support.proxy import CountingProxy
+
+pytestmark = pytest.mark.engine
+MODEL = "tiny-sharded"
+
+
+def run_pipeline(s3, model, *, relay: str, tp: int = 1, concurrency: int = 1, **env: str) -> dict:
+    root = Path(tempfile.mkdtemp(prefix=f"rrs-rl{relay[:2]}-", dir="/tmp"))
+    relay_dir = Path(tempfile.mkdtemp(prefix="rrs-relay-", dir="/dev/shm"))
+    sandbox = make_sandbox(s3, root)
+    try:
+        with CountingProxy(s3.port) as proxy:
+            sandbox.env.update(AWS_ENDPOINT_URL=proxy.endpoint, AWS_ENDPOINT_URL_S3=proxy.endpoint,
+                               RAY_RUNAI_SHIM_RELAY=relay, RAY_RUNAI_SHIM_RELAY_DIR=str(relay_dir), **env)
+            if tp > 1:
+                sandbox.env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % 2) for i in range(tp))
+            out = root / "rows.json"
+            proc = subprocess.run(
+                [sys.executable, str(REPO / "examples" / "stream_from_s3.py"), model.uri, "--cpu", "--json", str(out),
+                 "--tensor-parallel-size", str(tp), "--concurrency", str(concurrency)],
+                env=sandbox.env, cwd=str(root), capture_output=True, text=True, timeout=900)
+            weights = proxy.body_bytes(".safetensors")
+        logs = "\n".join(p.read_text(errors="replace") for p in root.glob("tmp/ray/session_2*/logs/worker-*"))
+        assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}\n{logs[-6000:]}"
+        return {"rows": json.loads(out.read_text())["rows"], "store_weight_bytes": weights, "logs": logs,
+                "left_in_relay_dir": sorted(str(p.relative_to(relay_dir)) for p in relay_dir.rglob("*")),
+                "weights_on_disk": sandbox.weight_bytes_on_disk(model)}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(relay_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tp2(s3, models):
+    model = models[MODEL]
+    return {"model": model, "size": sum((model.local / w).stat().st_size for w in model.weights),
+            "off": run_pipeline(s3, model, relay="off", tp=2),
+            "auto": run_pipeline(s3, model, relay="auto", tp=2)}
+
+
+def tokens(run: dict) -> dict:
+    return {r["prompt"]: r["generated_tokens"] for r in run["rows"]}
+
+
+def test_control_every_rank_streams_the_whole_checkpoint(tp2):
+    assert tp2["off"]["store_weight_bytes"] >= 2 * tp2["size"]
+    assert "node relay" not in tp2["off"]["logs"]
+
+
+def test_with_the_relay_the_node_reads_the_store_once(tp2):
+    run = tp2["auto"]
+    assert run["store_weight_bytes"] <= 1.05 * tp2["size"], (run["store_weight_bytes"], tp2["size"])
+    assert "from the node relay" in run["logs"] and "2 reader(s) on this node" in run["logs"]
+
+
+def test_same_greedy_tokens_with_and_without_the_relay(tp2):
+    assert len(tokens(tp2["auto"])) == 4 and all(tokens(tp2["auto"]).values())
+    assert tokens(tp2["auto"]) == tokens(tp2["off"])
+
+
+def test_no_weight_byte_on_disk_and_nothing_left_in_the_relay_dir(tp2):
+    for run in (tp2["auto"], tp2["off"]):
+        assert run["weights_on_disk"] == []
+    assert tp2["auto"]["left_in_relay_dir"] == []  # freed once both ranks loaded
