@@ -26,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+from support import shm  # noqa: E402
 from support.fixtures import BUCKET, make_sandbox  # noqa: E402
 from support.s3server import start_s3_server  # noqa: E402
 from support.tiny_model import build_tiny_model, upload_dir, weight_files  # noqa: E402
@@ -40,6 +41,7 @@ def main() -> int:
     import subprocess
 
     work = Path(tempfile.mkdtemp(prefix="rrs-demo-", dir="/tmp"))
+    shm_before = shm.snapshot()  # the engines' /dev/shm segments go with the demo
     server = start_s3_server(work / "moto")
     try:
         local = build_tiny_model(work / "model", shards=2, layout=args.layout)
@@ -84,6 +86,7 @@ def main() -> int:
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
+        shm.clean_new(shm_before)
 
 
 def _last_error(stderr: str) -> str:

@@ -5,7 +5,8 @@ stage actor, a Serve replica, a plain driver): ``EngineArgs.create_engine_config
 vLLM built its config, the weights URI it will stream (``model_config.model_weights``, or
 ``model`` itself) is swapped for a node-local copy when two or more readers on this node
 will load it -- the tensor-parallel / pipeline-parallel ranks of this engine times the
-engines planned per node (``RAY_RUNAI_SHIM_NODE_ENGINES``) -- so each rank and engine streams
+engines of the model per node (``RAY_RUNAI_SHIM_NODE_ENGINES``; for Ray Data's stage the shim
+derives it from the actor pool's size and the cluster's nodes) -- so each rank and engine streams
 local memory with the same ``runai_streamer`` format. One reader alone keeps streaming from
 the store. The hold on the copy ends when this process's engine is ready (vLLM's
 ``AsyncLLM`` / ``LLMEngine`` constructors return only after every rank loaded), and the last
@@ -45,6 +46,51 @@ def readers_on_node(engine_args: Any) -> int:
     tp = int(getattr(engine_args, "tensor_parallel_size", 1) or 1)
     pp = int(getattr(engine_args, "pipeline_parallel_size", 1) or 1)
     return tp * pp * settings.count(settings.NODE_ENGINES, 1, low=1)
+
+
+def _engines(map_batches_kwargs: dict) -> int:
+    """Ray Data's engine count for the stage: the actor pool's size (or ``concurrency``)."""
+    compute = map_batches_kwargs.get("compute")
+    size = getattr(compute, "max_size", None) or getattr(compute, "min_size", None)
+    if size is None:
+        size = map_batches_kwargs.get("concurrency")
+    if isinstance(size, (tuple, list)):
+        size = max(int(v) for v in size if v is not None)
+    return int(size) if isinstance(size, int) and size > 0 else 1
+
+
+def engines_per_node(engines: int) -> int:
+    """*engines* spread over the cluster's alive nodes (at least two share a node when there
+    are more engines than nodes)."""
+    try:
+        import ray
+
+        nodes = sum(1 for n in ray.nodes() if n.get("Alive")) if ray.is_initialized() else 1
+    except Exception:
+        nodes = 1
+    return -(-engines // max(1, nodes))
+
+
+@fail_open("counting the stage's engines per node for the node relay",
+           fallback="the relay counts only the ranks of each engine (set RAY_RUNAI_SHIM_NODE_ENGINES)")
+def stage_init(original: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Ray Data's ``vLLMEngineStage`` (driver side): tell its actors how many engines of the
+    model share a node, through the stage's runtime_env (set-if-absent; the user's value wins)."""
+    ctor = kwargs.get("fn_constructor_kwargs") or {}
+    batches = kwargs.get("map_batches_kwargs")
+    engine_kwargs = ctor.get("engine_kwargs") or {}
+    if (args or not isinstance(batches, dict)
+            or normalize_load_format(engine_kwargs.get("load_format")) not in RELAYED_FORMATS
+            or not is_remote_uri(ctor.get("model"))):
+        raise NotApplicable("not a streamed object-store model built by keyword")
+    engines = _engines(batches)
+    if engines < 2 or os.environ.get(settings.NODE_ENGINES):
+        raise NotApplicable("one engine, or the user said how many share a node")
+    runtime_env = dict(batches.get("runtime_env") or {})
+    env_vars = dict(runtime_env.get("env_vars") or {})
+    env_vars.setdefault(settings.NODE_ENGINES, str(engines_per_node(engines)))
+    runtime_env["env_vars"] = env_vars
+    return original(*args, **{**kwargs, "map_batches_kwargs": {**batches, "runtime_env": runtime_env}})
 
 
 def relay_wanted(readers: int) -> bool:

@@ -81,3 +81,21 @@ def test_no_weight_byte_on_disk_and_nothing_left_in_the_relay_dir(tp2):
     for run in (tp2["auto"], tp2["off"]):
         assert run["weights_on_disk"] == []
     assert tp2["auto"]["left_in_relay_dir"] == []  # freed once both ranks loaded
+
+
+@pytest.fixture(scope="module")
+def two_engines(s3, models, tp2):
+    """Ray Data ``concurrency=2`` on one node: the shim counts the engines from the stage."""
+    return run_pipeline(s3, models[MODEL], relay="auto", concurrency=2)
+
+
+def test_two_engines_on_a_node_read_the_store_once(tp2, two_engines):
+    assert two_engines["store_weight_bytes"] <= 1.05 * tp2["size"], (two_engines["store_weight_bytes"], tp2["size"])
+    assert tokens(two_engines) == tokens(tp2["off"])
+    assert two_engines["left_in_relay_dir"] == [] and two_engines["weights_on_disk"] == []
+
+
+@pytest.mark.extended
+def test_control_two_engines_without_the_relay_read_it_twice(s3, models, tp2):
+    run = run_pipeline(s3, models[MODEL], relay="off", concurrency=2)
+    assert run["store_weight_bytes"] >= 2 * tp2["size"]

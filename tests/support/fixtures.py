@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from . import shm
 from .diskscan import find_weight_bytes
 from .procs import base_env
 from .s3server import S3Server, start_s3_server
@@ -31,6 +32,14 @@ class TinyModel:
 
     def weight_paths(self) -> dict[str, Path]:
         return {w: self.local / w for w in self.weights}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _leave_dev_shm_as_found():
+    """The vLLM segments this module's engines left in /dev/shm go when it ends (support/shm.py)."""
+    before = shm.snapshot()
+    yield
+    shm.clean_new(before)
 
 
 @pytest.fixture(scope="session")

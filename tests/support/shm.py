@@ -1,0 +1,67 @@
+"""Leave ``/dev/shm`` as we found it: remove the vLLM segments our own engines left behind.
+
+vLLM's engines create shared-memory segments (``psm_*`` message rings from Python's
+``multiprocessing.shared_memory``, ``*cpushm*`` tensor-parallel buffers on CPU) and do not
+always unlink them when their processes are stopped. What counts as ours: a segment of those
+patterns that appeared after :func:`snapshot` was taken and that no live process has open or
+mapped any more. A segment someone else still uses is never touched, and neither is anything
+that was there before.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from pathlib import Path
+
+SHM = Path("/dev/shm")
+PATTERNS = ("psm_*", "*cpushm*")
+
+
+def _ours(name: str) -> bool:
+    return any(fnmatch.fnmatch(name, p) for p in PATTERNS)
+
+
+def snapshot(root: Path = SHM) -> set[str]:
+    try:
+        return {p.name for p in root.iterdir()}
+    except OSError:
+        return set()
+
+
+def in_use(root: Path = SHM) -> set[str]:
+    """Names under *root* that a live process has open (fd) or mapped."""
+    prefix = str(root) + "/"
+    used: set[str] = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    i = line.find(prefix)
+                    if i >= 0:
+                        used.add(line[i + len(prefix):].split(" (deleted)")[0].strip())
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(prefix):
+                    used.add(target[len(prefix):])
+        except OSError:
+            continue
+    return used
+
+
+def clean_new(before: set[str], root: Path = SHM) -> list[str]:
+    """Remove the vLLM segments that appeared since *before* and nobody uses; return them."""
+    new = [n for n in snapshot(root) - before if _ours(n)]
+    if not new:
+        return []
+    busy = in_use(root)
+    removed = []
+    for name in sorted(new):
+        if name in busy:
+            continue
+        try:
+            (root / name).unlink()
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
