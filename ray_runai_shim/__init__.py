@@ -53,6 +53,7 @@ def _status_shape(**fields: Any) -> dict[str, Any]:
         "serve_why": None,
         "patched": [],
         "patches_applied": [],
+        "relay": [],  # what the node relay decided for each engine built here
     }
     unknown = set(fields) - set(out)
     if unknown:

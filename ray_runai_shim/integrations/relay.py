@@ -30,14 +30,28 @@ from ..failopen import NotApplicable, fail_open
 from ..log import human_bytes, logger
 from ..snapshot import memory
 from ..snapshot import relay as node_relay
+from ..snapshot.handoff import UNSIGNED
 from ..tables import settings
-from ..tables.support import is_remote_uri, normalize_load_format
+from ..tables.support import is_remote_uri, join_anonymous, normalize_load_format
 
 MEMORY_LIMIT = "RUNAI_STREAMER_MEMORY_LIMIT"
+#: The streamer's per-request timeout (default 1000 ms). Measured through a link that stalls (bench
+#: notes, docs/node-relay.md): a stall over ~5 s made the default re-request ranges (+27 % bytes from
+#: the store, still finishing); 30 s re-requested nothing. Set only where the user has not.
+REQUEST_TIMEOUT = "RUNAI_STREAMER_S3_REQUEST_TIMEOUT_MS"
+REQUEST_TIMEOUT_MS = "30000"
 RELAYED_FORMATS = ("runai_streamer",)
 
 _lock = threading.Lock()
 _held: list[node_relay.Relay] = []
+#: What the relay decided for each engine this process built (``status()["relay"]``).
+decisions: list[str] = []
+
+
+def _decided(text: str) -> None:
+    with _lock:
+        decisions.append(text)
+        del decisions[:-8]
 
 
 def readers_on_node(engine_args: Any) -> int:
@@ -93,6 +107,30 @@ def stage_init(original: Callable[..., Any], instance: Any, args: tuple, kwargs:
     return original(*args, **{**kwargs, "map_batches_kwargs": {**batches, "runtime_env": runtime_env}})
 
 
+def ranks_all_here(engine_args: Any) -> bool:
+    """Will every rank of this engine run on this node? vLLM's mp / uni executors keep them
+    here; its Ray executor places them by the placement group this process runs in (Serve LLM
+    always uses it): all its bundles on this node, or no relay -- a copy in this node's memory
+    means nothing to a rank on another node (vllm#50616's shape)."""
+    backend = getattr(engine_args, "distributed_executor_backend", None)
+    world = int(getattr(engine_args, "tensor_parallel_size", 1) or 1) * int(
+        getattr(engine_args, "pipeline_parallel_size", 1) or 1)
+    if backend in (None, "mp", "uni"):
+        return True
+    if backend != "ray":
+        return world == 1 and backend != "external_launcher"
+    try:
+        import ray
+
+        pg = ray.util.get_current_placement_group()
+        if pg is None:
+            return False
+        nodes = set(ray.util.placement_group_table(pg).get("bundles_to_node_id", {}).values())
+        return nodes == {ray.get_runtime_context().get_node_id()}
+    except Exception:
+        return False
+
+
 def relay_wanted(readers: int) -> bool:
     mode = node_relay.mode()
     return mode == "on" or (mode == "auto" and readers >= 2)
@@ -129,6 +167,7 @@ def create_engine_config(original: Callable[..., Any], instance: Any, args: tupl
     if normalize_load_format(getattr(instance, "load_format", None)) not in RELAYED_FORMATS:
         raise NotApplicable("not the runai_streamer load format")
     if _extra(instance).get("distributed"):
+        _decided("distributed streaming asked for: left to vLLM, which splits the reads among the ranks")
         raise NotApplicable("distributed streaming asked for: vLLM splits the reads among the ranks")
     config = original(*args, **kwargs)
     model_config = getattr(config, "model_config", None)
@@ -136,6 +175,7 @@ def create_engine_config(original: Callable[..., Any], instance: Any, args: tupl
     if uri is None:
         return config  # local weights or a hub id: nothing to relay
     readers = readers_on_node(instance)
+    os.environ.setdefault(REQUEST_TIMEOUT, REQUEST_TIMEOUT_MS)  # inherited by the engine core and its ranks
     budget = streamer_budget(instance, readers)
     if budget is not None:
         os.environ.setdefault(MEMORY_LIMIT, str(budget))  # the engine core and its ranks inherit it
@@ -143,10 +183,18 @@ def create_engine_config(original: Callable[..., Any], instance: Any, args: tupl
             "ray-runai-shim: streamer memory budget %s per reader (%d reader(s) on this node); %s",
                     human_bytes(budget), readers, memory.room(Path("/dev/shm")).describe())
     if not relay_wanted(readers):
+        _decided(f"{readers} reader(s) on this node: stream {uri} from the store (relay {node_relay.mode()})")
         return config
-    got = node_relay.acquire(uri)
+    if not ranks_all_here(instance):
+        _decided(f"the ranks of this engine may run on other nodes: each streams {uri} from the store")
+        logger.info("ray-runai-shim: not relaying %s: this engine's ranks are not all on this node", uri)
+        return config
+    unsigned = os.environ.get(UNSIGNED) == "1"  # the streamer's spelling of Ray's s3://anonymous@
+    got = node_relay.acquire(join_anonymous(uri) if unsigned else uri)
     if got is None:
+        _decided(f"{readers} reader(s): the copy does not fit this node; stream {uri} from the store")
         return config  # does not fit: streams from the store (acquire said so)
+    _decided(f"{readers} reader(s) on this node: {uri} relayed through {got.path}")
     object.__setattr__(model_config, "model_weights", got.uri)
     with _lock:
         _held.append(got)
