@@ -49,7 +49,7 @@ def _version(dist: str) -> Optional[str]:
 
 def environment() -> dict[str, str]:
     from .activation.ray_init import FORWARD_ENV, FORWARD_PREFIXES
-    from .redact import redact_env
+    from .diagnostics.redact import redact_env
 
     names = set(FORWARD_ENV) | set(SECRET_ENV) | set(SHOWN_ENV)
     names |= {k for k in os.environ if k.startswith(FORWARD_PREFIXES)}
@@ -235,7 +235,7 @@ def render(r: dict[str, Any]) -> str:
     lines += ["", "environment:"] + ([f"  {k}={v}" for k, v in r["environment"].items()] or ["  (none set)"])
     m = r.get("model")
     if m:
-        from .redact import shown_uri
+        from .diagnostics.redact import shown_uri
 
         lines += ["", f"model {shown_uri(m['uri'])} (load_format={m['load_format']}):"]
         if "fetch" in m:
