@@ -147,7 +147,7 @@ def inspect_uri(uri: str, load_format: str) -> dict[str, Any]:
     if "model.safetensors.index.json" in keys:
         try:
             fs, prefix = fs_and_path(uri)
-            with fs.open_input_stream(f"{prefix.rstrip('/')}/model.safetensors.index.json") as f:
+            with fs.open_input_stream(f"{prefix.rstrip('/')}/model.safetensors.index.json", compression=None) as f:
                 indexed = set(json.loads(f.read()).get("weight_map", {}).values())
             stale = sorted(top_level_st - indexed)
             missing = sorted(indexed - top_level_st)

@@ -10,7 +10,8 @@ each of those for the small set of files vLLM reads locally:
   and a pre-check of what the streamer itself will find;
 * reuse decided by the store's content identity (S3 ETag, GCS generation),
   never by size and mtime (S3 gives mtimes to the second);
-* bounded-memory chunked copies through Ray's own pyarrow filesystem into a
+* bounded-memory chunked copies, byte for byte whatever the name (no suffix-based
+  decompression), through Ray's own pyarrow filesystem into a
   private staging directory, renamed into a new versioned directory only when
   complete (:mod:`.cache`: store-aware keys, reader locks, ownership checks);
 * a fault raises ``ShimError`` naming its cause and fix (:mod:`.diagnose`):
@@ -52,6 +53,10 @@ __all__ = [
 
 CHUNK_BYTES = 8 << 20
 MAX_WORKERS = 8
+#: Every read passes this: pyarrow's default (``"detect"``) inflates ``*.gz``/``*.bz2``/``*.zst``/
+#: ``*.lz4`` objects by name, so they would not arrive as stored (and plain text named ``.gz``
+#: would fail to decode). vLLM and transformers expect the store's bytes.
+AS_STORED = None
 
 
 @dataclass
@@ -225,7 +230,7 @@ def _probe(f: RemoteFile, fs: Any, prefix: str, uri: str, store: Store) -> Optio
     """The object's content identity (S3: a HEAD; GCS: an object-metadata request)."""
     src = f"{prefix}/{f.key}"
     try:
-        with fs.open_input_stream(src) as stream:
+        with fs.open_input_stream(src, compression=AS_STORED) as stream:
             return _identity(_metadata(stream))
     except OSError as e:
         raise store_error(e, uri=f"{uri.rstrip('/')}/{f.key}", store=store, action="read") from None
@@ -301,7 +306,7 @@ def _copy_one(f: RemoteFile, job: _Job) -> tuple[int, str, Optional[str]]:
     h = hashlib.sha256()
     written = 0
     try:
-        fin = job.fs.open_input_stream(src)
+        fin = job.fs.open_input_stream(src, compression=AS_STORED)
     except OSError as e:
         raise store_error(e, uri=obj_uri, store=job.store, action="read") from None
     with fin:

@@ -292,6 +292,51 @@ def test_a_key_too_long_for_the_local_filesystem_is_a_local_error(s3env, models,
     assert snapshot_dirs(tmp_path) == []
 
 
+# --------------------------------------------------------------------------- bytes as stored
+
+
+def _pyarrow_compressed(data: bytes, codec: str) -> bytes:
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.CompressedOutputStream(sink, codec) as out:
+        out.write(data)
+    return sink.getvalue().to_pybytes()
+
+
+def test_objects_named_like_compressed_files_reach_the_snapshot_byte_for_byte(s3env, models, tmp_path):
+    """pyarrow's ``open_input_stream`` inflates by suffix unless told not to: a real ``.gz``
+    arrived inflated (then "the objects changed while they were being fetched", twice), and
+    plain text named ``.gz`` failed as if the store were at fault."""
+    import bz2
+    import gzip
+    import hashlib
+
+    model = models["tiny"]
+    text = b"plain text, not compressed at all\n" * 64
+    stored = {
+        "extra/vocab.txt.gz": gzip.compress(text),  # really gzip
+        "notes.gz": text,  # only looks compressed
+        "extra/merges.txt.bz2": bz2.compress(text),
+        "extra/table.zst": _pyarrow_compressed(text, "zstd"),
+        "extra/table.lz4": _pyarrow_compressed(text, "lz4"),
+        "extra/table.br": _pyarrow_compressed(text, "brotli"),
+    }
+    uri = upload(s3env.client(), model, "llm/suffixes", **stored)
+    r = fetch_nonweights(uri, "runai_streamer", fs_and_path=fs_for(s3env.endpoint), root=tmp_path)
+    got = files_of(Path(r.local_dir))
+    for rel, body in stored.items():
+        assert hashlib.sha256(got[rel]).hexdigest() == hashlib.sha256(body).hexdigest(), rel
+    recorded = json.loads((Path(r.local_dir) / MANIFEST).read_text())["files"]
+    assert all(recorded[rel]["size"] == len(body) for rel, body in stored.items())
+    # Control: the same reads with pyarrow's default (compression="detect") do not give the store's bytes.
+    fs, prefix = fs_for(s3env.endpoint)(uri)
+    with fs.open_input_stream(f"{prefix}/extra/vocab.txt.gz") as f:
+        assert f.read() == text  # inflated: 2176 bytes where 74 are stored
+    with pytest.raises((OSError, ValueError)), fs.open_input_stream(f"{prefix}/notes.gz") as f:
+        f.read()  # "zlib inflate failed: incorrect header check"
+
+
 # --------------------------------------------------------------------------- staleness
 
 
