@@ -4,7 +4,8 @@ Reports installed versions, the patch plan for this Ray and why, how the shim
 would reach workers, the relevant environment (secrets masked) and, given a
 URI, what would be fetched and what streamed -- listing only, nothing is
 downloaded except a ``model.safetensors.index.json`` when present. Exits 1
-when a run would fail, or would not stream what it asks to stream (an Azure source).
+when a run would fail (a bad source, credentials in an endpoint URL), or would not
+stream what it asks to stream (an Azure source).
 """
 
 from __future__ import annotations
@@ -88,10 +89,11 @@ def gcs_endpoint_warnings(uri: str) -> list[str]:
     vLLM calls) from ``STORAGE_EMULATOR_HOST``. One without the other splits the run."""
     if not uri.lower().startswith("gs://"):
         return []
+    from .diagnostics.redact import redact_url
     from .stores.endpoint import gcs_endpoint
 
-    cpp = gcs_endpoint() or ""
-    py = os.environ.get("STORAGE_EMULATOR_HOST", "")
+    cpp = redact_url(gcs_endpoint() or "")
+    py = redact_url(os.environ.get("STORAGE_EMULATOR_HOST", ""))
     if cpp and cpp.rstrip("/") != py.rstrip("/"):
         return [
             f"CLOUD_STORAGE_EMULATOR_ENDPOINT={cpp} but STORAGE_EMULATOR_HOST={py or '(unset)'}: Ray, the "
@@ -182,6 +184,7 @@ def activation_route() -> dict[str, Any]:
 def collect(uri: Optional[str], load_format: str) -> dict[str, Any]:
     from . import status
     from .activation.ray_init import importable_by_workers
+    from .stores.endpoint import endpoint_credential_problems
     from .tables.support import SERVE_RANGES, patches_for, plan_for
     from .tables.targets import TARGETS
 
@@ -207,6 +210,7 @@ def collect(uri: Optional[str], load_format: str) -> dict[str, Any]:
         ),
         "activation": activation_route(),
         "environment": environment(),
+        "environment_errors": endpoint_credential_problems(),
     }
     if uri:
         report["model"] = inspect_uri(uri, load_format)
@@ -233,6 +237,7 @@ def render(r: dict[str, Any]) -> str:
     if a["warning"]:
         lines.append(f"  WARNING: {a['warning']}")
     lines += ["", "environment:"] + ([f"  {k}={v}" for k, v in r["environment"].items()] or ["  (none set)"])
+    lines += [f"  ERROR: {e}" for e in r.get("environment_errors", [])]
     m = r.get("model")
     if m:
         from .diagnostics.redact import shown_uri
@@ -260,9 +265,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     d.add_argument("--load-format", default="runai_streamer")
     d.add_argument("--json", action="store_true", help="machine-readable output")
     args = ap.parse_args(argv)
+    from .diagnostics.redact import redact_text
+
     report = collect(args.uri, args.load_format.lower())
-    print(json.dumps(report, indent=1, default=str) if args.json else render(report))
-    return 1 if report.get("model", {}).get("errors") else 0
+    # Last line of defence: no URL userinfo or signed-URL token leaves doctor, whatever put it there.
+    print(redact_text(json.dumps(report, indent=1, default=str) if args.json else render(report), env=False))
+    return 1 if report.get("model", {}).get("errors") or report["environment_errors"] else 0
 
 
 if __name__ == "__main__":

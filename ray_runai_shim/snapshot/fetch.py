@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 
 from ..diagnostics.diagnose import classify_store, local_error, store_error
 from ..errors import ShimError
-from ..stores.endpoint import Store, store_identity
+from ..stores.endpoint import Store, refuse_endpoint_credentials, store_identity
 from ..tables import settings
 from . import cache
 from .cache import MANIFEST, CacheUnusable, Place, cache_root
@@ -112,6 +112,7 @@ def default_fs_and_path(uri: str) -> tuple[Any, str]:
 
 
 def _open_store(uri: str, fs_and_path: FsAndPath) -> tuple[Any, str, Store]:
+    refuse_endpoint_credentials(uri)  # before any request: the SDK would only say "host does not resolve"
     try:
         fs, prefix = fs_and_path(uri)
     except (OSError, ValueError) as e:

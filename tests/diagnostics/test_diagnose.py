@@ -129,7 +129,40 @@ def test_s3_causes_from_the_sdks_words(text, cause):
     assert classify_store(text) == cause
 
 
+def test_ray_s_own_filesystem_lookup_refuses_an_endpoint_with_credentials(aws_env, monkeypatch):
+    """The wrapper on Ray's ``get_fs_and_path`` let any error fall back to Ray's filesystem, which
+    on 2.45-2.49 goes to AWS itself: the user-info error must reach the user instead."""
+    import pyarrow.fs as pa_fs
+
+    from ray_runai_shim.stores.endpoint import get_fs_and_path_wrapper
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://AKIA:se@cret@127.0.0.1:9")
+    ray_s = lambda uri: (pa_fs.S3FileSystem(anonymous=True), uri.split("://", 1)[1])  # noqa: E731
+    with pytest.raises(ShimError) as err:
+        get_fs_and_path_wrapper(ray_s, None, ("s3://bkt/m",), {})
+    msg = str(err.value)
+    assert "AWS_ENDPOINT_URL carries credentials" in msg and "se@cret" not in msg and "cret@" not in msg
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # control: without user-info, the endpoint's fs
+    fs, _ = get_fs_and_path_wrapper(ray_s, None, ("s3://bkt/m",), {})
+    assert type(fs).__name__ == "S3FileSystem" and fs.__reduce__()[1][0]["endpoint_override"] == "127.0.0.1:9"
+
+
 # --------------------------------------------------------------------------- GCS
+
+
+def test_a_gcs_emulator_endpoint_with_credentials_is_refused_before_any_request(monkeypatch):
+    fake = FakeGcs("bkt")
+    fake.put("m/config.json", b"{}")
+    monkeypatch.setenv("CLOUD_STORAGE_EMULATOR_ENDPOINT", f"http://svc:gcs-pw@x@{fake.endpoint}")
+    try:
+        msg = shim_error(lambda: list_model("gs://bkt/m", lambda uri: (fake.filesystem(), "bkt/m")))
+        requests = list(fake.requests)
+    finally:
+        fake.close()
+    assert requests == []
+    assert "CLOUD_STORAGE_EMULATOR_ENDPOINT carries credentials" in msg and f"to http://{fake.endpoint}" in msg
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in msg and "AWS" not in msg
+    assert "gcs-pw" not in msg and "svc:" not in msg
 
 
 @pytest.mark.parametrize(

@@ -697,6 +697,17 @@ def test_rejected_credentials_name_the_uri_and_endpoint_never_the_secret(strict_
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.json"))
 
 
+def _raw_pyarrow_error(endpoint: str) -> str:
+    """What pyarrow itself says when handed *endpoint* unchecked (the control)."""
+    import pyarrow.fs as pa_fs
+
+    raw = pa_fs.S3FileSystem(endpoint_override=endpoint.split("://", 1)[1], scheme="http", access_key="testing",
+                             secret_key="testing", region="us-east-1")
+    with pytest.raises(OSError) as err:
+        raw.get_file_info(pa_fs.FileSelector(f"{BUCKET}/llm/tiny", recursive=True))
+    return str(err.value)
+
+
 def test_credentials_in_the_endpoint_url_never_appear_in_errors_or_logs(s3env, models, tmp_path, monkeypatch, caplog):
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
@@ -711,6 +722,31 @@ def test_credentials_in_the_endpoint_url_never_appear_in_errors_or_logs(s3env, m
     shown = "".join(traceback.format_exception(err.type, err.value, err.tb))  # what Ray prints, chain included
     assert f"http://127.0.0.1:{port}" in msg  # the endpoint is still named
     # Control: pyarrow's own text quotes the user part (curl takes it for the host name).
-    assert "AKIAUSERINFO" in str(err.value.__context__)
+    assert "AKIAUSERINFO" in _raw_pyarrow_error(endpoint)
     for secret in ("userinfo-secret-42", "AKIAUSERINFO"):
         assert secret not in shown and secret not in caplog.text and secret not in repr(err.value.args)
+
+
+def test_credentials_in_the_endpoint_url_are_refused_before_any_request(s3env, models, tmp_path, monkeypatch):
+    """#27: an unencoded "@" in the secret was masked only up to its first "@", and any
+    user-info reached pyarrow, so a live store read as "the host name does not resolve"."""
+    from ray_runai_shim.diagnostics.diagnose import classify_store
+
+    endpoint = f"http://AKIA:se@cret@127.0.0.1:{s3env.port}"  # the store is up and reachable
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)
+    mark = len(s3env.requests())
+    with pytest.raises(ShimError) as err:
+        fetch_nonweights(models["tiny"].uri, "runai_streamer", fs_and_path=fs_for(endpoint), root=tmp_path)
+    msg = str(err.value)
+    assert "AWS_ENDPOINT_URL_S3 carries credentials in its user-info" in msg
+    assert "do not belong in the endpoint URL" in msg and f"set AWS_ENDPOINT_URL_S3 to http://127.0.0.1:{s3env.port}" in msg
+    assert "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY" in msg and "instance profile" in msg  # where they go
+    assert "does not resolve" not in msg and "store said" not in msg
+    for piece in ("se@cret", "cret@", "AKIA:"):
+        assert piece not in msg and piece not in repr(err.value.args)
+    assert s3env.requests(mark) == []  # refused before any request
+    assert not (tmp_path / cache.DIR_NAME).exists()  # nothing written
+    # Control: handed on as it was, the same endpoint against the same live server reads as DNS.
+    raw = _raw_pyarrow_error(endpoint)
+    assert "Could not resolve host: AKIA" in raw and classify_store(raw) == "dns"
