@@ -112,7 +112,7 @@ def gcs_endpoint_warnings(uri: str) -> list[str]:
 
 def inspect_uri(uri: str, load_format: str) -> dict[str, Any]:
     from .errors import ShimError
-    from .snapshot.fetch import check_streamable, list_model
+    from .snapshot.fetch import check_model_config, check_streamable, list_model
     from .snapshot.files import plan_local_paths
 
     report: dict[str, Any] = {"uri": uri, "load_format": load_format, "errors": [], "warnings": []}
@@ -135,14 +135,13 @@ def inspect_uri(uri: str, load_format: str) -> dict[str, Any]:
     for check in (
         lambda: check_streamable(listing, load_format, {}),
         lambda: plan_local_paths([f.key for f in listing.nonweights]),
+        lambda: check_model_config(listing),
     ):
         try:
             check()
         except ShimError as e:
             report["errors"].append(str(e))
     keys = {f.key for f in listing.nonweights}
-    if "config.json" not in keys:
-        report["errors"].append(f"{uri} has no config.json at the top of the prefix; vLLM cannot start")
     if not keys & {"tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tokenizer_config.json"}:
         report["warnings"].append("no tokenizer files (tokenizer.json/.model, vocab.*): tokenization will fail")
     top_level_st = {f.key for f in listing.weights if f.key.endswith(".safetensors") and "/" not in f.key}

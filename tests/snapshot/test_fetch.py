@@ -591,6 +591,93 @@ def test_safetensors_only_in_sub_folders_fail_before_anything_is_fetched(s3env, 
     fetch_nonweights(uri, "tensorizer", fs_and_path=fs_for(s3env.endpoint), root=tmp_path)  # control
 
 
+def test_a_prefix_without_config_json_fails_at_listing_time(s3env, models, tmp_path):
+    """#27: weights without config.json were fetched as a snapshot, and vLLM failed only after
+    the engine had started."""
+    model = models["tiny"]
+    client = s3env.client()
+    for rel in model.nonweights + model.weights:
+        if rel != "config.json":
+            client.upload_file(str(model.local / rel), BUCKET, f"llm/no-config/{rel}")
+    client.upload_file(str(model.local / "config.json"), BUCKET, "llm/no-config/base/config.json")
+    uri = f"s3://{BUCKET}/llm/no-config"
+    fsp = fs_for(s3env.endpoint)
+    # Control: nothing else is wrong with the prefix; the previous fetch went on from this listing.
+    listing = list_model(uri, fsp)
+    assert listing.weights and "config.json" not in {f.key for f in listing.nonweights}
+    mark = len(s3env.requests())
+    with pytest.raises(ShimError) as err:
+        fetch_nonweights(uri, "runai_streamer", fs_and_path=fsp, root=tmp_path / "cache")
+    msg = str(err.value)
+    assert f"{uri} has no config.json at the top of the prefix" in msg and "after the engine started" in msg
+    assert "Fix: point model_source at the folder that holds config.json" in msg
+    assert f"use {uri}/base" in msg  # the folder that does hold one
+    assert not (tmp_path / "cache").exists()  # nothing written, not even the cache directory
+    assert [(r.method, r.path) for r in s3env.requests(mark)] == [("GET", f"/{BUCKET}")]  # the listing only
+    # A tokenizer-only download ("auto") needs no config.json and is still served.
+    r = fetch_nonweights(uri, "auto", fs_and_path=fsp, root=tmp_path / "cache")
+    assert (Path(r.local_dir) / "tokenizer_config.json").exists()
+
+
+def test_config_json_check_accepts_params_json_and_hf_config_path():
+    from ray_runai_shim.snapshot.fetch import Listing, RemoteFile, check_model_config
+    from ray_runai_shim.snapshot.nonweights import _check_recorded
+
+    weights = [RemoteFile("consolidated.safetensors", 8, None)]
+    check_model_config(Listing("s3://b/m", [RemoteFile("params.json", 2, None)], weights))  # Mistral's format
+    check_model_config(Listing("s3://b/m", [], weights), {"hf_config_path": "s3://b/base"})
+    with pytest.raises(ShimError, match="no config.json"):
+        check_model_config(Listing("s3://b/m", [RemoteFile("tokenizer.json", 2, None)], weights))
+    # A job's record made by a tokenizer-only download is checked when the vLLM stage reuses it.
+    from ray_runai_shim.context import StageContext
+
+    ctx = StageContext(model="s3://b/m", load_format="runai_streamer", engine_kwargs={})
+    with pytest.raises(ShimError, match="no config.json"):
+        _check_recorded(ctx, "runai_streamer", [["model.safetensors", 8]], ["tokenizer.json"])
+    _check_recorded(ctx, "runai_streamer", [["model.safetensors", 8]], ["config.json"])
+    _check_recorded(ctx, "runai_streamer", [["model.safetensors", 8]], None)  # a record from before: unknown
+
+
+@pytest.mark.parametrize(
+    "uri,after,fixed",
+    [
+        (f"s3://{BUCKET}//llm/tiny", BUCKET, f"s3://{BUCKET}/llm/tiny"),
+        (f"s3://{BUCKET}/llm//tiny", f"{BUCKET}/llm", f"s3://{BUCKET}/llm/tiny"),
+        (f"s3://anonymous@{BUCKET}/llm//tiny/", f"{BUCKET}/llm", f"s3://anonymous@{BUCKET}/llm/tiny"),
+    ],
+)
+def test_empty_path_segments_are_refused_before_any_request(s3env, models, tmp_path, uri, after, fixed):
+    """#27: pyarrow refuses them itself ("Empty path component in path …"), a text the shim did
+    not recognise, so the message sent the user to the bucket name and the credentials."""
+    from ray_runai_shim.diagnostics.diagnose import classify_store
+
+    mark = len(s3env.requests())
+    with pytest.raises(ShimError) as err:
+        fetch_nonweights(uri, "runai_streamer", fs_and_path=fs_for(s3env.endpoint), root=tmp_path / "cache")
+    msg = str(err.value)
+    assert f"the model URI {uri} has an empty path segment ('//' after '{after}')" in msg
+    assert f"Fix: write {fixed} (one '/' between segments)" in msg
+    assert "credentials" not in msg and "store said" not in msg
+    assert s3env.requests(mark) == [] and not (tmp_path / "cache").exists()
+    # Control: pyarrow's own words for it carry no cause the shim knows (the old "no reason" message).
+    import pyarrow.fs as pa_fs
+
+    with pytest.raises(ValueError) as raw:
+        fs_for(s3env.endpoint)(uri)[0].get_file_info(pa_fs.FileSelector(f"{BUCKET}/llm//tiny"))
+    assert "Empty path component" in str(raw.value) and classify_store(str(raw.value)) == "unknown"
+    if "anonymous" not in uri:  # and the URI written as the message says works
+        assert fetch_nonweights(fixed, "runai_streamer", fs_and_path=fs_for(s3env.endpoint), root=tmp_path).local_dir
+
+
+def test_credentials_in_the_model_uri_are_refused_before_any_request(s3env, tmp_path):
+    mark = len(s3env.requests())
+    with pytest.raises(ShimError) as err:
+        list_model(f"s3://AKIAMODELURI:model-uri-secret@{BUCKET}/llm/tiny", fs_for(s3env.endpoint))
+    msg = str(err.value)
+    assert "carries credentials before the bucket name" in msg and "do not belong in the model URI" in msg
+    assert "model-uri-secret" not in msg and "AKIAMODELURI" not in msg and s3env.requests(mark) == []
+
+
 # --------------------------------------------------------------------------- store errors
 
 
