@@ -228,10 +228,11 @@ def _cause_and_fix(cause: str, store: Store, action: str) -> str:
             f"{retried} Fix: rerun in a minute; if many replicas or actors start together, start fewer at "
             f"once{raise_limit}."
         )
-    if cause == "unavailable":
+    if cause == "unavailable":  # also S3's 503 SlowDown when the SDK lost its code (it does on GETs now and then)
         return (
             f"{where} answered 503 Service Unavailable: the store (or the node of it that answered) is down "
-            f"or overloaded for now. {retried} Fix: rerun later; if it persists, check the store's status."
+            f"or overloaded for now, or is slowing this client down. {retried} Fix: rerun later; if many "
+            "replicas or actors start together, start fewer at once; if it persists, check the store's status."
         )
     if cause == "gateway":
         return (

