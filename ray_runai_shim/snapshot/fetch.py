@@ -123,8 +123,8 @@ def check_source(uri: str) -> None:
     credentials problem; and user-info before the bucket is a secret, not a bucket name."""
     plain, anonymous = split_anonymous(uri)
     scheme, sep, rest = plain.partition("://")
-    if not sep:
-        return  # a local path: not the store's to judge
+    if scheme.lower() not in ("s3", "s3a", "gs", "gcs"):
+        return  # a local path, or Azure's container@account form: not judged here
     shown = shown_uri(uri)
     if has_userinfo(plain):
         raise ShimError(
@@ -165,14 +165,13 @@ def check_model_config(listing: Listing, engine_kwargs: Optional[dict[str, Any]]
     if keys & set(CONFIG_FILES):
         return
     uri = shown_uri(listing.uri).rstrip("/")
-    nested = sorted(k for k in keys if k.rsplit("/", 1)[-1] == "config.json")
-    where = f" ({nested[0]} is one level down: use {uri}/{nested[0].rsplit('/', 1)[0]})" if nested else ""
-    held = f"{len(listing.weights)} weight files" if listing.weights else "no weight files"
+    nested = sorted((k for k in keys if k.rsplit("/", 1)[-1] == "config.json"), key=lambda k: (k.count("/"), k))
+    where = f" (found {nested[0]}: use {uri}/{nested[0].rsplit('/', 1)[0]})" if nested else ""
     raise ShimError(
-        f"ray-runai-shim: {uri} has no config.json at the top of the prefix (it holds {held} and "
-        f"{len(listing.nonweights)} other files), so vLLM could not start from it, and would fail only after "
-        f"the engine started. Fix: point model_source at the folder that holds config.json{where}, or upload "
-        "the model's config.json next to its weights. Nothing was fetched."
+        f"ray-runai-shim: {uri} has no config.json at the top of the prefix (it holds {len(listing.weights)} "
+        f"weight and {len(listing.nonweights)} other files), so vLLM would fail on it only after the engine "
+        f"started. Fix: point model_source at the folder that holds config.json{where}, or upload the model's "
+        "config.json next to its weights. Nothing was fetched."
     )
 
 

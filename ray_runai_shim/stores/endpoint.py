@@ -4,7 +4,9 @@ Those releases build ``pyarrow.fs.S3FileSystem(anonymous=...)``, and that
 constructor ignores ``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3`` and a profile's
 ``endpoint_url`` (apache/arrow#49643), so MinIO/Ceph/on-prem users cannot reach
 the bucket at all. The streamer and boto3 do read those settings, so the shim
-makes Ray read the same ones.
+makes Ray read the same ones. An endpoint with credentials in it is refused
+before any request: no client signs with them, and they would be shown wherever
+the URL is.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def _s3_endpoint_settings() -> list[tuple[str, str]]:
     found = [(name, os.environ[name]) for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL") if os.environ.get(name)]
     profile = _profile_endpoint()
     if profile:
-        found.append(("endpoint_url of the AWS profile", profile))
+        found.append(("the AWS profile's endpoint_url", profile))
     return found
 
 
@@ -70,7 +72,6 @@ def _gcs_endpoint_settings() -> list[tuple[str, str]]:
 def _userinfo_message(where: str, endpoint: str, gcs: bool) -> str:
     url = endpoint if "://" in endpoint else f"https://{endpoint}"
     clean = redact_url(url).replace(f"{MASK}@", "", 1)
-    target = f"set {where} to {clean}" if where.isupper() else f"make the {where} {clean}"
     if gcs:
         where_they_go = (
             "The workers' Google identity comes from GOOGLE_APPLICATION_CREDENTIALS (a key file present on "
@@ -86,7 +87,7 @@ def _userinfo_message(where: str, endpoint: str, gcs: bool) -> str:
         f"ray-runai-shim: {where} carries credentials in its user-info ({redact_url(url)}). Credentials do not "
         "belong in the endpoint URL: the store clients (pyarrow, the Run:ai streamer) never sign with them but "
         "take them for part of the host name, so every request would fail as an unresolvable host, and the "
-        f"URL is shown in logs and on Ray's dashboard. Fix: {target}. {where_they_go}"
+        f"URL is shown in logs and on Ray's dashboard. Fix: set {where} to {clean}. {where_they_go}"
     )
 
 
@@ -106,7 +107,10 @@ def endpoint_credential_problems(scheme: Optional[str] = None) -> list[str]:
 def refuse_endpoint_credentials(uri: str) -> None:
     """``ShimError`` before any request when the endpoint *uri*'s store is reached through
     carries credentials: otherwise every fault reads "the host name does not resolve"."""
-    problems = endpoint_credential_problems(uri.partition("://")[0] or "s3")
+    scheme = uri.partition("://")[0].lower()
+    if scheme not in ("s3", "s3a", "gs", "gcs"):
+        return
+    problems = endpoint_credential_problems(scheme)
     if problems:
         raise ShimError(problems[0])
 

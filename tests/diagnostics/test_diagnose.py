@@ -222,6 +222,28 @@ def test_ray_s_own_filesystem_lookup_refuses_an_endpoint_with_credentials(aws_en
     assert type(fs).__name__ == "S3FileSystem" and fs.__reduce__()[1][0]["endpoint_override"] == "127.0.0.1:9"
 
 
+def test_endpoint_credentials_in_an_aws_profile_and_what_is_left_alone(aws_env, monkeypatch, tmp_path):
+    from ray_runai_shim.snapshot.fetch import check_source
+    from ray_runai_shim.stores.endpoint import endpoint_credential_problems, refuse_endpoint_credentials
+
+    config = tmp_path / "config"
+    config.write_text("[profile minio]\nendpoint_url = http://AKIAPROFILE:profile-pw@rd@minio:9000\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_PROFILE", "minio")
+    [problem] = endpoint_credential_problems("s3")
+    assert "the AWS profile's endpoint_url carries credentials" in problem
+    assert "set the AWS profile's endpoint_url to http://minio:9000" in problem
+    assert "AKIAPROFILE" not in problem and "profile-pw" not in problem and "rd@" not in problem
+    with pytest.raises(ShimError):
+        refuse_endpoint_credentials("s3://bkt/m")
+    # Not S3's business: a gs:// source, and Azure's container@account form (not user-info).
+    assert endpoint_credential_problems("gs") == []
+    refuse_endpoint_credentials("gs://bkt/m")
+    refuse_endpoint_credentials("abfss://models@acct.dfs.core.windows.net/llm/tiny")
+    check_source("abfss://models@acct.dfs.core.windows.net/llm//tiny")
+    check_source("s3://anonymous@bkt/llm/tiny/")  # Ray's unsigned form and a trailing "/" are fine
+
+
 # --------------------------------------------------------------------------- GCS
 
 
