@@ -4,7 +4,8 @@ Reports installed versions, the patch plan for this Ray and why, how the shim
 would reach workers, the relevant environment (secrets masked) and, given a
 URI, what would be fetched and what streamed -- listing only, nothing is
 downloaded except a ``model.safetensors.index.json`` when present. Exits 1
-when a run would fail, or would not stream what it asks to stream (an Azure source).
+when a run would fail (a bad source, credentials in an endpoint URL), or would not
+stream what it asks to stream (an Azure source).
 """
 
 from __future__ import annotations
@@ -88,10 +89,11 @@ def gcs_endpoint_warnings(uri: str) -> list[str]:
     vLLM calls) from ``STORAGE_EMULATOR_HOST``. One without the other splits the run."""
     if not uri.lower().startswith("gs://"):
         return []
+    from .diagnostics.redact import redact_url
     from .stores.endpoint import gcs_endpoint
 
-    cpp = gcs_endpoint() or ""
-    py = os.environ.get("STORAGE_EMULATOR_HOST", "")
+    cpp = redact_url(gcs_endpoint() or "")
+    py = redact_url(os.environ.get("STORAGE_EMULATOR_HOST", ""))
     if cpp and cpp.rstrip("/") != py.rstrip("/"):
         return [
             f"CLOUD_STORAGE_EMULATOR_ENDPOINT={cpp} but STORAGE_EMULATOR_HOST={py or '(unset)'}: Ray, the "
@@ -110,7 +112,7 @@ def gcs_endpoint_warnings(uri: str) -> list[str]:
 
 def inspect_uri(uri: str, load_format: str) -> dict[str, Any]:
     from .errors import ShimError
-    from .snapshot.fetch import check_streamable, list_model
+    from .snapshot.fetch import check_model_config, check_streamable, list_model
     from .snapshot.files import plan_local_paths
 
     report: dict[str, Any] = {"uri": uri, "load_format": load_format, "errors": [], "warnings": []}
@@ -133,21 +135,20 @@ def inspect_uri(uri: str, load_format: str) -> dict[str, Any]:
     for check in (
         lambda: check_streamable(listing, load_format, {}),
         lambda: plan_local_paths([f.key for f in listing.nonweights]),
+        lambda: check_model_config(listing),
     ):
         try:
             check()
         except ShimError as e:
             report["errors"].append(str(e))
     keys = {f.key for f in listing.nonweights}
-    if "config.json" not in keys:
-        report["errors"].append(f"{uri} has no config.json at the top of the prefix; vLLM cannot start")
     if not keys & {"tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tokenizer_config.json"}:
         report["warnings"].append("no tokenizer files (tokenizer.json/.model, vocab.*): tokenization will fail")
     top_level_st = {f.key for f in listing.weights if f.key.endswith(".safetensors") and "/" not in f.key}
     if "model.safetensors.index.json" in keys:
         try:
             fs, prefix = fs_and_path(uri)
-            with fs.open_input_stream(f"{prefix.rstrip('/')}/model.safetensors.index.json") as f:
+            with fs.open_input_stream(f"{prefix.rstrip('/')}/model.safetensors.index.json", compression=None) as f:
                 indexed = set(json.loads(f.read()).get("weight_map", {}).values())
             stale = sorted(top_level_st - indexed)
             missing = sorted(indexed - top_level_st)
@@ -205,6 +206,7 @@ def node_report() -> dict[str, Any]:
 def collect(uri: Optional[str], load_format: str) -> dict[str, Any]:
     from . import status
     from .activation.ray_init import importable_by_workers
+    from .stores.endpoint import endpoint_credential_problems
     from .tables.support import SERVE_RANGES, patches_for, plan_for
     from .tables.targets import TARGETS
 
@@ -230,6 +232,7 @@ def collect(uri: Optional[str], load_format: str) -> dict[str, Any]:
         ),
         "activation": activation_route(),
         "environment": environment(),
+        "environment_errors": endpoint_credential_problems(),
         "node": node_report(),
     }
     if uri:
@@ -257,6 +260,7 @@ def render(r: dict[str, Any]) -> str:
     if a["warning"]:
         lines.append(f"  WARNING: {a['warning']}")
     lines += ["", "environment:"] + ([f"  {k}={v}" for k, v in r["environment"].items()] or ["  (none set)"])
+    lines += [f"  ERROR: {e}" for e in r.get("environment_errors", [])]
     n = r["node"]
     lines += ["", f"this node: relay {n['relay']} (auto: 2+ readers of one model share a copy in {n['relay_dir']})",
               f"  memory: {n['memory']}",
@@ -288,9 +292,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     d.add_argument("--load-format", default="runai_streamer")
     d.add_argument("--json", action="store_true", help="machine-readable output")
     args = ap.parse_args(argv)
+    from .diagnostics.redact import redact_text
+
     report = collect(args.uri, args.load_format.lower())
-    print(json.dumps(report, indent=1, default=str) if args.json else render(report))
-    return 1 if report.get("model", {}).get("errors") else 0
+    # Last line of defence: no URL userinfo or signed-URL token leaves doctor, whatever put it there.
+    print(redact_text(json.dumps(report, indent=1, default=str) if args.json else render(report), env=False))
+    return 1 if report.get("model", {}).get("errors") or report["environment_errors"] else 0
 
 
 if __name__ == "__main__":

@@ -12,9 +12,14 @@ from support.fixtures import BUCKET
 from support.procs import base_env
 
 
+def doctor_run(s3, *args: str, python: str = sys.executable, **env_extra: str) -> subprocess.CompletedProcess:
+    env = base_env({**s3.env(), **env_extra}, site=False)
+    return subprocess.run([python, "-m", "ray_runai_shim", "doctor", *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
 def doctor(s3, *args: str, python: str = sys.executable) -> tuple[int, str]:
-    env = base_env(s3.env(), site=False)
-    p = subprocess.run([python, "-m", "ray_runai_shim", "doctor", *args], env=env, capture_output=True, text=True, timeout=120)
+    p = doctor_run(s3, *args, python=python)
     return p.returncode, p.stdout
 
 
@@ -45,6 +50,30 @@ def test_doctor_exits_non_zero_and_says_why_when_a_run_would_fail(s3, models):
     assert any("holds none" in e for e in report["errors"])
     assert any("no config.json" in e for e in report["errors"])
     assert any(".bin checkpoints cannot be streamed" in w for w in report["warnings"])
+
+
+def test_doctor_refuses_credentials_in_the_endpoint_url_and_never_prints_them(s3, models):
+    """#27: with ``http://AKIA:se@cret@host`` doctor printed ``http://***@cret@host``, and the
+    listing failed as "the host name does not resolve" against a live store."""
+    cases = ((f"http://AKIAFRAGMENT1:secretpart1@secretpart2@127.0.0.1:{s3.port}",
+              ("AKIAFRAGMENT1", "secretpart1", "secretpart2")),
+             (f"http://AKIA:se@cret@127.0.0.1:{s3.port}", ("se@cret", "cret@", "AKIA:")))
+    for endpoint, pieces in cases:
+        mark = len(s3.requests())
+        for args in ((models["tiny"].uri,), (models["tiny"].uri, "--json"), ()):
+            p = doctor_run(s3, *args, AWS_ENDPOINT_URL=endpoint, AWS_ENDPOINT_URL_S3=endpoint)
+            out = p.stdout + p.stderr
+            assert p.returncode == 1, out
+            for piece in pieces:
+                assert piece not in out, (piece, out)
+            assert f"http://***@127.0.0.1:{s3.port}" in out  # the variables, shown masked
+            assert "do not belong in the endpoint URL" in out and "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY" in out
+            assert f"to http://127.0.0.1:{s3.port}" in out and "does not resolve" not in out
+            if "--json" in args:
+                report = json.loads(p.stdout)
+                assert len(report["environment_errors"]) == 2  # AWS_ENDPOINT_URL_S3 and AWS_ENDPOINT_URL
+                assert any("carries credentials" in e for e in report["model"]["errors"])
+        assert s3.requests(mark) == []  # nothing was sent with them
 
 
 @pytest.mark.parametrize("uri", ["abfss://models@acct.dfs.core.windows.net/llm/tiny?sv=1&sig=SASTOKEN",

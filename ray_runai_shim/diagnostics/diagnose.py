@@ -5,7 +5,9 @@ pyarrow reports every store fault as an ``OSError`` whose text is the SDK's
 ``google::cloud::Status(PERMISSION_DENIED …)``). Users meet these first on a
 worker that lacks credentials the driver has, so each cause gets its own
 sentence and fix, in the store's own terms (AWS for ``s3://``, Google Cloud
-for ``gs://``), the store's original reason kept at the end. Local disk
+for ``gs://``), the store's original reason kept at the end. HTTP status classes
+(throttling, outages, server errors, gateways, timeouts) get their own cause and
+retry advice, whether the store or a proxy in front of it answered. Local disk
 faults (full, file too large, name too long) are told apart from store faults
 by where they happened, never by guessing from the text.
 """
@@ -37,9 +39,15 @@ _S3_PATTERNS: tuple[tuple[str, str], ...] = (
     ("tls", r"curlCode: (35|51|53|54|58|59|60|64|66|77|80|82|83|90|91)\b|SSL|TLS|certificate"),
     ("connect", r"curlCode: 7\b|[Cc]ould not connect|[Cc]ouldn't connect|Connection refused"),
     ("dropped", r"curlCode: (18|52|55|56)\b|partial file|[Cc]onnection reset|Recv failure|Send failure"),
-    ("timeout", r"curlCode: 28\b|[Tt]imed? ?out"),
-    ("busy", r"SLOW_DOWN|SlowDown|SERVICE_UNAVAILABLE|ServiceUnavailable|HTTP status 503"),
-    ("read-refused", r"Failed to flush response stream|INTERNAL_FAILURE during GetObject"),
+    # HTTP status classes: the SDK names some by code, others only as "HTTP status N"; a proxy's
+    # HTML page (no S3 error code) arrives as REQUEST_TIMEOUT (408/504) or UNKNOWN (502).
+    ("throttled", r"SLOW_DOWN|SlowDown|THROTTLING|Throttling|TOO_MANY_REQUESTS|TooManyRequests"
+                  r"|RequestLimitExceeded|HTTP status 429|\b429 Too Many Requests"),
+    ("unavailable", r"SERVICE_UNAVAILABLE|ServiceUnavailable|HTTP status 503|\b503 Service"),
+    ("gateway", r"HTTP status 50[24]|BadGateway|Bad Gateway|GatewayTimeout|Gateway Time-?out"),
+    ("timeout", r"curlCode: 28\b|[Tt]imed? ?out|REQUEST_TIMEOUT|HTTP status 408"),
+    ("read-refused", r"Failed to flush response stream"),
+    ("server-error", r"INTERNAL_FAILURE|InternalError|Internal Server Error|HTTP status 5\d\d"),
 )
 _GCS_PATTERNS: tuple[tuple[str, str], ...] = (
     ("gcs-unauthenticated", r"UNAUTHENTICATED|http_status_code=401|Could not (automatically )?determine credentials"),
@@ -50,8 +58,14 @@ _GCS_PATTERNS: tuple[tuple[str, str], ...] = (
     ("tls", r"CURL error \[(35|51|53|54|58|59|60|77)\]|SSL|TLS|certificate"),
     ("connect", r"CURL error \[7\]|[Cc]ould not connect|[Cc]ouldn't connect"),
     ("dropped", r"CURL error \[(18|52|55|56)\]|partial file|[Cc]onnection reset"),
-    ("busy", r"UNAVAILABLE|RESOURCE_EXHAUSTED|http_status_code=(429|503)"),
-    ("timeout", r"CURL error \[28\]|DEADLINE_EXCEEDED|[Tt]imed? ?out"),
+    # google-cloud-cpp retries 408/429/5xx and then says UNAVAILABLE or INTERNAL with the last
+    # status as http_status_code=N; a proxy's HTML page leaves only its own words.
+    ("throttled", r"http_status_code=429|RESOURCE_EXHAUSTED|rateLimitExceeded|\b429 Too Many Requests"),
+    ("unavailable", r"http_status_code=503|\b503 Service"),
+    ("gateway", r"http_status_code=50[24]|Bad Gateway|Gateway Time-?out"),
+    ("timeout", r"CURL error \[28\]|DEADLINE_EXCEEDED|[Tt]imed? ?out|http_status_code=408|\b408 Request Time"),
+    ("server-error", r"http_status_code=5\d\d|Internal Server Error|backendError"),
+    ("busy", r"UNAVAILABLE|Retry policy exhausted"),
 )
 
 
@@ -205,16 +219,54 @@ def _cause_and_fix(cause: str, store: Store, action: str) -> str:
             f"the connection to {where} broke off mid-transfer. Fix: rerun; if it repeats, check what "
             "sits between the workers and the store (proxies, load balancers and their size or idle limits)."
         )
-    if cause == "busy":
-        return f"{where} is throttling or temporarily unavailable. Fix: rerun later, or start fewer actors at once."
+    retried = "The client already retried with back-off."
+    if cause == "throttled":
+        said = "429 Too Many Requests, rateLimitExceeded" if store.is_gcs else "429 Too Many Requests / 503 SlowDown"
+        raise_limit = "" if store.is_gcs else ", or ask the store's operator for a higher request rate"
+        return (
+            f"{where} is throttling this client (HTTP {said}: too many requests to this bucket at once). "
+            f"{retried} Fix: rerun in a minute; if many replicas or actors start together, start fewer at "
+            f"once{raise_limit}."
+        )
+    if cause == "unavailable":  # also S3's 503 SlowDown when the SDK lost its code (it does on GETs now and then)
+        return (
+            f"{where} answered 503 Service Unavailable: the store (or the node of it that answered) is down "
+            f"or overloaded for now, or is slowing this client down. {retried} Fix: rerun later; if many "
+            "replicas or actors start together, start fewer at once; if it persists, check the store's status."
+        )
+    if cause == "gateway":
+        return (
+            f"a gateway or proxy between this worker and {where} answered 502/504 (Bad Gateway / Gateway "
+            "Timeout): it could not reach the store, or the store did not answer it in time. "
+            f"{retried} Fix: rerun; if it repeats, check the proxy or load balancer in front of the store "
+            "(its upstream, its timeouts), and that the endpoint URL names the store itself."
+        )
     if cause == "timeout":
-        return f"{where} did not answer in time. Fix: check that the workers can reach it (firewall, proxy, load)."
+        return (
+            f"the request to {where} timed out (HTTP 408 Request Timeout from the store, 504 Gateway "
+            f"Timeout from a proxy in front of it, or no answer at all). {retried} Fix: rerun; if it "
+            "repeats, check the path from the workers to the store (firewall, proxy and load-balancer "
+            "timeouts) and the store's load."
+        )
+    if cause == "server-error":
+        return (
+            f"{where} failed with an internal error (HTTP 500 Internal Server Error): a fault of the "
+            f"store, not of this request or its credentials. {retried} Fix: rerun; if it persists, check "
+            "the store's health and logs, or ask its operator."
+        )
+    if cause == "busy":
+        return (
+            f"{where} kept answering with a transient error until the client's retries ran out "
+            "(throttling, an outage, a server or gateway error, or a timeout: the store's words below "
+            "say which). Fix: rerun later; if it repeats, check the store's status and any proxy in front of it."
+        )
     if cause == "read-refused":
         return (
             "the store refused or cut the object read after accepting the request. Most often the "
             "identity may list but not read objects (s3:GetObject, kms:Decrypt for SSE-KMS); "
-            f"otherwise the connection dropped: rerun. {_identity_sentence(store, 'access', action)} "
-            f"{_NOT_FORWARDED}"
+            "otherwise the store or a proxy answered the read with an error status (throttling 429/503, "
+            "a 5xx) that the client lost on a small object, or the connection dropped: rerun. "
+            f"{_identity_sentence(store, 'access', action)} {_NOT_FORWARDED}"
         )
     # Unknown: the store's words, plus the credential state when it is the likely culprit.
     sources = gcs_credential_sources() if store.is_gcs else aws_credential_sources()

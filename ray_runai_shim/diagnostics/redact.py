@@ -19,9 +19,12 @@ MASK = "***"
 #: Userinfo ("user:password@") right after a URL scheme. ``anonymous@`` is Ray's
 #: spelling of unsigned access, not a secret, and is kept so messages stay exact.
 #: A password may hold "/" (AWS secrets do); a user name may not, so keys like
-#: ``s3://bucket/a@b.txt`` are left alone.
+#: ``s3://bucket/a@b.txt`` are left alone. A secret may also hold an unencoded "@":
+#: the userinfo runs to the LAST "@" before the host (URL parsers and curl agree), so
+#: ``http://AKIA:se@cret@host`` loses all of ``AKIA:se@cret``, not just ``AKIA:se``.
 _USERINFO = re.compile(
-    r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/\s@'\"<>:]+(?::[^\s@'\"<>]*)?)@"
+    r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)"
+    r"(?P<userinfo>[^/\s@'\"<>:]+(?::[^\s@'\"<>]*)?(?:@[^/?#\s@'\"<>]*(?=@))*)@"
 )
 #: Credentials in query strings (presigned S3/GCS URLs, OAuth tokens).
 _QUERY_SECRET = re.compile(
@@ -78,7 +81,7 @@ def _secret_values(environ: Mapping[str, str]) -> list[str]:
             for m in _USERINFO.finditer(v):
                 if m["userinfo"] != "anonymous":
                     user, _, password = m["userinfo"].partition(":")
-                    values.update((m["userinfo"], user, password))
+                    values.update((m["userinfo"], user, password, *password.split("@")))
     values = {v for v in values if len(v) >= _MIN_SECRET_LEN}
     return sorted(values, key=len, reverse=True)  # longest first: one may contain another
 

@@ -49,7 +49,8 @@ def create_engine_config(original: Callable[..., Any], instance: Any, args: tupl
         uri = _handed.get(model) if isinstance(model, str) else None
     if uri is not None and not getattr(instance, MODEL_WEIGHTS, None):
         return _inject(original(*args, **kwargs), uri)  # a config rebuilt from handed-off args (vLLM < 0.14)
-    ctx = streaming_request(model, {"load_format": getattr(instance, "load_format", None)})
+    ctx = streaming_request(model, {"load_format": getattr(instance, "load_format", None),
+                                    "hf_config_path": getattr(instance, "hf_config_path", None)})
     if ctx is None:
         raise NotApplicable("not a streaming load_format with an object-store model")
     if getattr(instance, MODEL_WEIGHTS, None):

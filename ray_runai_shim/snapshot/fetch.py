@@ -6,11 +6,13 @@ leaves a truncated file that the next run trusts), re-downloads on every call,
 and shares one lock per model with other download modes. This module fixes
 each of those for the small set of files vLLM reads locally:
 
-* one listing, one classifier (:mod:`.files`), keys validated before writing,
-  and a pre-check of what the streamer itself will find;
+* the URI checked before any request, then one listing, one classifier (:mod:`.files`),
+  keys validated before writing, and a pre-check of what vLLM and the streamer will
+  find (config.json, streamable weights);
 * reuse decided by the store's content identity (S3 ETag, GCS generation),
   never by size and mtime (S3 gives mtimes to the second);
-* bounded-memory chunked copies through Ray's own pyarrow filesystem into a
+* bounded-memory chunked copies, byte for byte whatever the name (no suffix-based
+  decompression), through Ray's own pyarrow filesystem into a
   private staging directory, renamed into a new versioned directory only when
   complete (:mod:`.cache`: store-aware keys, reader locks, ownership checks);
 * a fault raises ``ShimError`` naming its cause and fix (:mod:`.diagnose`):
@@ -30,9 +32,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Optional
 
 from ..diagnostics.diagnose import classify_store, local_error, store_error
+from ..diagnostics.redact import has_userinfo, shown_uri
 from ..errors import ShimError
-from ..stores.endpoint import Store, store_identity
+from ..stores.endpoint import Store, refuse_endpoint_credentials, store_identity
 from ..tables import settings
+from ..tables.support import join_anonymous, split_anonymous
 from . import cache
 from .cache import MANIFEST, CacheUnusable, Place, cache_root
 from .files import STREAMABLE_SUFFIXES, is_weight_file, plan_local_paths
@@ -44,6 +48,8 @@ __all__ = [
     "Listing",
     "RemoteFile",
     "cache_root",
+    "check_model_config",
+    "check_source",
     "check_streamable",
     "default_fs_and_path",
     "fetch_nonweights",
@@ -52,6 +58,10 @@ __all__ = [
 
 CHUNK_BYTES = 8 << 20
 MAX_WORKERS = 8
+#: Every read passes this: pyarrow's default (``"detect"``) inflates ``*.gz``/``*.bz2``/``*.zst``/
+#: ``*.lz4`` objects by name, so they would not arrive as stored (and plain text named ``.gz``
+#: would fail to decode). vLLM and transformers expect the store's bytes.
+AS_STORED = None
 
 
 @dataclass
@@ -106,7 +116,68 @@ def default_fs_and_path(uri: str) -> tuple[Any, str]:
     return get(uri)
 
 
+def check_source(uri: str) -> None:
+    """Refuse, before any request, a model URI that cannot name one model folder.
+
+    pyarrow refuses an empty path segment (``s3://b//p``) itself, but in words that read as a
+    credentials problem; and user-info before the bucket is a secret, not a bucket name."""
+    plain, anonymous = split_anonymous(uri)
+    scheme, sep, rest = plain.partition("://")
+    if scheme.lower() not in ("s3", "s3a", "gs", "gcs"):
+        return  # a local path, or Azure's container@account form: not judged here
+    shown = shown_uri(uri)
+    if has_userinfo(plain):
+        raise ShimError(
+            f"ray-runai-shim: the model URI {shown} carries credentials before the bucket name. Credentials do "
+            f"not belong in the model URI. Fix: write {scheme}://<bucket>/<path> and give the workers "
+            "credentials the usual way (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, a profile or the node's "
+            "own identity; for Google Cloud, GOOGLE_APPLICATION_CREDENTIALS or the node's service account)."
+        )
+    bucket, _, path = rest.partition("/")
+    if not bucket:
+        raise ShimError(
+            f"ray-runai-shim: the model URI {shown} names no bucket (nothing between '{scheme}://' and the "
+            f"next '/'). Fix: write {scheme}://<bucket>/<folder that holds config.json>."
+        )
+    segments = path.rstrip("/").split("/") if path.strip("/") else []
+    if "" in segments:
+        before = "/".join([bucket, *segments[: segments.index("")]])
+        fixed = f"{scheme}://" + "/".join([bucket, *(p for p in segments if p)])
+        raise ShimError(
+            f"ray-runai-shim: the model URI {shown} has an empty path segment ('//' after '{before}'). Object "
+            "stores keep 'a//b' and 'a/b' as different keys, and pyarrow (Ray's store client) refuses an "
+            "empty segment, so this cannot be listed as a model folder. Fix: write "
+            f"{join_anonymous(fixed) if anonymous else fixed} (one '/' between segments); if the objects' keys "
+            "really contain '//', copy them to a prefix without it."
+        )
+
+
+#: What vLLM reads to learn the model: config.json, or params.json (Mistral's own format).
+CONFIG_FILES = ("config.json", "params.json")
+
+
+def check_model_config(listing: Listing, engine_kwargs: Optional[dict[str, Any]] = None) -> None:
+    """Fail at listing time when the prefix has no config.json at its top: the snapshot would
+    be handed to vLLM as its model folder, and vLLM would fail only after the engine started."""
+    if (engine_kwargs or {}).get("hf_config_path"):
+        return  # the config comes from elsewhere
+    keys = {f.key for f in listing.nonweights}
+    if keys & set(CONFIG_FILES):
+        return
+    uri = shown_uri(listing.uri).rstrip("/")
+    nested = sorted((k for k in keys if k.rsplit("/", 1)[-1] == "config.json"), key=lambda k: (k.count("/"), k))
+    where = f" (found {nested[0]}: use {uri}/{nested[0].rsplit('/', 1)[0]})" if nested else ""
+    raise ShimError(
+        f"ray-runai-shim: {uri} has no config.json at the top of the prefix (it holds {len(listing.weights)} "
+        f"weight and {len(listing.nonweights)} other files), so vLLM would fail on it only after the engine "
+        f"started. Fix: point model_source at the folder that holds config.json{where}, or upload the model's "
+        "config.json next to its weights. Nothing was fetched."
+    )
+
+
 def _open_store(uri: str, fs_and_path: FsAndPath) -> tuple[Any, str, Store]:
+    check_source(uri)
+    refuse_endpoint_credentials(uri)  # before any request: the SDK would only say "host does not resolve"
     try:
         fs, prefix = fs_and_path(uri)
     except (OSError, ValueError) as e:
@@ -225,7 +296,7 @@ def _probe(f: RemoteFile, fs: Any, prefix: str, uri: str, store: Store) -> Optio
     """The object's content identity (S3: a HEAD; GCS: an object-metadata request)."""
     src = f"{prefix}/{f.key}"
     try:
-        with fs.open_input_stream(src) as stream:
+        with fs.open_input_stream(src, compression=AS_STORED) as stream:
             return _identity(_metadata(stream))
     except OSError as e:
         raise store_error(e, uri=f"{uri.rstrip('/')}/{f.key}", store=store, action="read") from None
@@ -301,7 +372,7 @@ def _copy_one(f: RemoteFile, job: _Job) -> tuple[int, str, Optional[str]]:
     h = hashlib.sha256()
     written = 0
     try:
-        fin = job.fs.open_input_stream(src)
+        fin = job.fs.open_input_stream(src, compression=AS_STORED)
     except OSError as e:
         raise store_error(e, uri=obj_uri, store=job.store, action="read") from None
     with fin:
@@ -421,6 +492,8 @@ def fetch_nonweights(
     for attempt in (1, 2):
         listing = list_model(uri, fs_and_path)
         check_streamable(listing, load_format, engine_kwargs or {})
+        if load_format in STREAMABLE_SUFFIXES:  # not for tokenizer-only downloads ("auto"): they need no config
+            check_model_config(listing, engine_kwargs)
         paths = plan_local_paths([f.key for f in listing.nonweights])
         fs, prefix, store = _open_store(uri, fs_and_path)
         idents = _run_all(_probe, listing.nonweights, fs, prefix, uri, store)

@@ -74,20 +74,27 @@ def _stats(result: Any) -> dict[str, Any]:
     }
 
 
-def _fetch(ctx: StageContext, load_format: str) -> tuple[str, dict[str, Any], list[list[Any]]]:
+def _fetch(ctx: StageContext, load_format: str) -> tuple[str, dict[str, Any], list[list[Any]], list[str]]:
     from .fetch import fetch_nonweights
 
     result = fetch_nonweights(ctx.model, load_format, ctx.engine_kwargs)
     weights = [[f.key, f.size] for f in result.listing.weights]
-    return result.local_dir, _stats(result), weights
+    return result.local_dir, _stats(result), weights, [f.key for f in result.listing.nonweights]
 
 
-def _check_recorded(ctx: StageContext, load_format: str, weights: list[list[Any]]) -> None:
-    """The streaming pre-check, on the listing this job recorded (no second listing)."""
-    from .fetch import Listing, RemoteFile, check_streamable
+def _check_recorded(
+    ctx: StageContext, load_format: str, weights: list[list[Any]], nonweights: Optional[list[str]] = None
+) -> None:
+    """The streaming pre-checks, on the listing this job recorded (no second listing): a
+    tokenizer-only download ("auto") may have made the record without them."""
+    from .fetch import Listing, RemoteFile, check_model_config, check_streamable
+    from .files import STREAMABLE_SUFFIXES
 
-    listing = Listing(ctx.model, [], [RemoteFile(key, size, None) for key, size in weights])
+    listing = Listing(ctx.model, [RemoteFile(key, 0, None) for key in nonweights or []],
+                      [RemoteFile(key, size, None) for key, size in weights])
     check_streamable(listing, load_format, ctx.engine_kwargs)
+    if nonweights is not None and load_format in STREAMABLE_SUFFIXES:  # records before #27 have no key list
+        check_model_config(listing, ctx.engine_kwargs)
 
 
 def _prune(jobs: Path) -> None:
@@ -111,7 +118,7 @@ def fetch_for(ctx: StageContext, load_format: Optional[str] = None) -> str:
     job = _job_id()
     record = _record_path(job, ctx.model) if job else None
     if record is None:
-        ctx.local_dir, ctx.stats, _weights = _fetch(ctx, fmt)
+        ctx.local_dir, ctx.stats, _weights, _nonweights = _fetch(ctx, fmt)
         return ctx.local_dir
     start = time.perf_counter()
     with FileLock(str(record) + ".lock", timeout=lock_timeout()):
@@ -121,15 +128,16 @@ def fetch_for(ctx: StageContext, load_format: Optional[str] = None) -> str:
             known = None
         # Hold first, then look: a cleanup may remove an unheld version in between.
         if known and hold(Path(known["local_dir"])) and os.path.isdir(known["local_dir"]):
-            _check_recorded(ctx, fmt, known["weights"])  # ShimError, as a fresh listing would
+            _check_recorded(ctx, fmt, known["weights"], known.get("nonweights"))  # ShimError, as a fresh listing would
             ctx.local_dir = known["local_dir"]
             ctx.stats = {**known["stats"], "reused": True, "fetched_files": 0, "fetched_bytes": 0,
                          "seconds": time.perf_counter() - start}
             logger.debug("ray-runai-shim: %s: reusing this job's snapshot %s", ctx.model, ctx.local_dir)
             return ctx.local_dir
-        local_dir, stats, weights = _fetch(ctx, fmt)
+        local_dir, stats, weights, nonweights = _fetch(ctx, fmt)
         tmp = record.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"local_dir": local_dir, "stats": stats, "uri": ctx.model, "weights": weights}))
+        tmp.write_text(json.dumps({"local_dir": local_dir, "stats": stats, "uri": ctx.model, "weights": weights,
+                                   "nonweights": nonweights}))
         os.replace(tmp, record)
         _prune(record.parent)
     ctx.local_dir, ctx.stats = local_dir, stats

@@ -4,7 +4,9 @@ Those releases build ``pyarrow.fs.S3FileSystem(anonymous=...)``, and that
 constructor ignores ``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3`` and a profile's
 ``endpoint_url`` (apache/arrow#49643), so MinIO/Ceph/on-prem users cannot reach
 the bucket at all. The streamer and boto3 do read those settings, so the shim
-makes Ray read the same ones.
+makes Ray read the same ones. An endpoint with credentials in it is refused
+before any request: no client signs with them, and they would be shown wherever
+the URL is.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
-from ..diagnostics.redact import redact_url
+from ..diagnostics.redact import MASK, has_userinfo, redact_url
+from ..errors import ShimError
 from ..tables.support import split_anonymous
 
 
@@ -35,15 +38,21 @@ def _profile_endpoint() -> Optional[str]:
     return parser.get(section, "endpoint_url", fallback=None) or None
 
 
+def _s3_endpoint_settings() -> list[tuple[str, str]]:
+    """(where, value) of every S3 endpoint setting in effect, in botocore's order."""
+    if os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
+        return []
+    found = [(name, os.environ[name]) for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL") if os.environ.get(name)]
+    profile = _profile_endpoint()
+    if profile:
+        found.append(("the AWS profile's endpoint_url", profile))
+    return found
+
+
 def s3_endpoint() -> Optional[str]:
     """The endpoint boto3 and the streamer would use, in botocore's order."""
-    if os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
-        return None
-    return (
-        os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL")
-        or _profile_endpoint()
-    )
+    found = _s3_endpoint_settings()
+    return found[0][1] if found else None
 
 
 def gcs_endpoint() -> Optional[str]:
@@ -51,6 +60,59 @@ def gcs_endpoint() -> Optional[str]:
     (what Ray builds, without ``endpoint_override``) and the streamer's C++ GCS backend
     both read ``CLOUD_STORAGE_EMULATOR_ENDPOINT``."""
     return os.environ.get("CLOUD_STORAGE_EMULATOR_ENDPOINT") or None
+
+
+def _gcs_endpoint_settings() -> list[tuple[str, str]]:
+    return [(n, os.environ[n]) for n in ("CLOUD_STORAGE_EMULATOR_ENDPOINT", "STORAGE_EMULATOR_HOST") if os.environ.get(n)]
+
+
+# --------------------------------------------------------------------------- credentials in an endpoint
+
+
+def _userinfo_message(where: str, endpoint: str, gcs: bool) -> str:
+    url = endpoint if "://" in endpoint else f"https://{endpoint}"
+    clean = redact_url(url).replace(f"{MASK}@", "", 1)
+    if gcs:
+        where_they_go = (
+            "The workers' Google identity comes from GOOGLE_APPLICATION_CREDENTIALS (a key file present on "
+            "every worker) or their own service account (the node's, or Workload Identity)."
+        )
+    else:
+        where_they_go = (
+            "Put the key in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY on the workers (cluster environment or "
+            "runtime_env={'env_vars': ...}), or give the workers their own identity (an instance profile, an "
+            "IRSA/pod role, AWS_PROFILE)."
+        )
+    return (
+        f"ray-runai-shim: {where} carries credentials in its user-info ({redact_url(url)}). Credentials do not "
+        "belong in the endpoint URL: the store clients (pyarrow, the Run:ai streamer) never sign with them but "
+        "take them for part of the host name, so every request would fail as an unresolvable host, and the "
+        f"URL is shown in logs and on Ray's dashboard. Fix: set {where} to {clean}. {where_they_go}"
+    )
+
+
+def endpoint_credential_problems(scheme: Optional[str] = None) -> list[str]:
+    """One message per endpoint setting that holds credentials (for *scheme* only, if given).
+    The messages never hold the credentials themselves."""
+    out = []
+    for gcs, settings in ((False, _s3_endpoint_settings()), (True, _gcs_endpoint_settings())):
+        if scheme is not None and gcs != (scheme.lower() in ("gs", "gcs")):
+            continue
+        for where, value in settings:
+            if has_userinfo(value if "://" in value else f"https://{value}"):
+                out.append(_userinfo_message(where, value, gcs))
+    return out
+
+
+def refuse_endpoint_credentials(uri: str) -> None:
+    """``ShimError`` before any request when the endpoint *uri*'s store is reached through
+    carries credentials: otherwise every fault reads "the host name does not resolve"."""
+    scheme = uri.partition("://")[0].lower()
+    if scheme not in ("s3", "s3a", "gs", "gcs"):
+        return
+    problems = endpoint_credential_problems(scheme)
+    if problems:
+        raise ShimError(problems[0])
 
 
 def _virtual_addressing() -> bool:
@@ -61,9 +123,13 @@ def _virtual_addressing() -> bool:
 
 
 def endpoint_s3_filesystem(anonymous: bool, endpoint: str) -> Any:
-    """A pyarrow S3 filesystem for *endpoint*, path-style unless asked otherwise."""
+    """A pyarrow S3 filesystem for *endpoint*, path-style unless asked otherwise; a
+    ``ShimError`` when *endpoint* carries credentials (pyarrow would take them for the host)."""
     import pyarrow.fs as pa_fs
 
+    if has_userinfo(endpoint if "://" in endpoint else f"https://{endpoint}"):
+        where = next((w for w, v in _s3_endpoint_settings() if v == endpoint), "the S3 endpoint URL")
+        raise ShimError(_userinfo_message(where, endpoint, gcs=False))
     parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
     kwargs: dict[str, Any] = {
         "anonymous": anonymous,
@@ -90,6 +156,8 @@ def get_fs_and_path_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: di
             uri = str(args[0] if args else kwargs.get("object_uri", ""))
             anonymous = split_anonymous(uri)[1]  # the same test Ray applies
             fs = endpoint_s3_filesystem(anonymous, endpoint)
+    except ShimError:  # credentials in the endpoint: Ray's own client would fail on them too, less clearly
+        raise
     except Exception:  # a shim bug must not break Ray's own access
         from ..log import logger
 

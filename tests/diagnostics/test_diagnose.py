@@ -122,14 +122,144 @@ def test_a_refused_connection_is_not_blamed_on_credentials(aws_env):
         ("AWS Error NETWORK_CONNECTION during ListObjectsV2 operation: curlCode: 28, Timeout was reached", "timeout"),
         ("AWS Error NETWORK_CONNECTION during HeadObject operation: curlCode: 60, SSL peer certificate or SSH remote key was not OK", "tls"),
         ("AWS Error SIGNATURE_DOES_NOT_MATCH during ListObjectsV2 operation: The request signature …", "bad-secret"),
-        ("AWS Error INTERNAL_FAILURE during ListObjectsV2 operation: ", "unknown"),
+        ("AWS Error INTERNAL_FAILURE during ListObjectsV2 operation: ", "server-error"),  # a 500 with no S3 code
+        ("AWS Error INTERNAL_FAILURE during GetObject operation: Failed to flush response stream (eof: 0, bad: 1)",
+         "read-refused"),
+        ("AWS Error UNKNOWN (HTTP status 502) during ListObjectsV2 operation: ", "gateway"),
+        ("AWS Error REQUEST_TIMEOUT during GetObject operation: ", "timeout"),
+        ("AWS Error UNKNOWN (HTTP status 429) during GetObject operation: No response body.", "throttled"),
+        ("AWS Error SERVICE_UNAVAILABLE during ListObjectsV2 operation: ", "unavailable"),
+        ("AWS Error UNKNOWN (HTTP status 418) during ListObjectsV2 operation: ", "unknown"),
     ],
 )
 def test_s3_causes_from_the_sdks_words(text, cause):
     assert classify_store(text) == cause
 
 
+def nginx_page(code: int, phrase: str) -> bytes:
+    """What nginx in front of a store answers by itself (no S3 or GCS error in it)."""
+    return (f"<html>\r\n<head><title>{code} {phrase}</title></head>\r\n<body>\r\n<center><h1>{code} {phrase}"
+            "</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n").encode()
+
+
+RETRIED = "The client already retried with back-off."
+CAUSE_AND_FIX = {
+    "throttled": ("is throttling this client", RETRIED, "Fix: rerun in a minute", "start fewer at once"),
+    "unavailable": ("answered 503 Service Unavailable", RETRIED, "Fix: rerun later", "start fewer at once",
+                    "the store's status"),
+    "server-error": ("failed with an internal error", "not of this request or its credentials", RETRIED,
+                     "Fix: rerun; if it persists, check the store's health and logs"),
+    "gateway": ("a gateway or proxy between this worker and", "502/504", RETRIED,
+                "check the proxy or load balancer in front of the store"),
+    "timeout": ("timed out (HTTP 408 Request Timeout from the store, 504 Gateway Timeout from a proxy", RETRIED,
+                "Fix: rerun", "load-balancer timeouts"),
+}
+S3_STATUS_CASES = [
+    pytest.param(429, {"code": "SlowDown", "message": "Please reduce your request rate."}, "throttled", id="429-SlowDown"),
+    pytest.param(429, {"body": b""}, "throttled", id="429-no-body"),
+    # The SDK now and then loses the SlowDown code of a GET's 503 (timing) and says SERVICE_UNAVAILABLE.
+    pytest.param(503, {"code": "SlowDown", "message": "Please reduce your request rate."}, ("throttled", "unavailable"),
+                 id="503-SlowDown"),
+    pytest.param(503, {"body": nginx_page(503, "Service Temporarily Unavailable")}, "unavailable", id="503-proxy-page"),
+    pytest.param(500, {"code": "InternalError", "message": "We encountered an internal error. Please try again."},
+                 "server-error", id="500-InternalError"),
+    pytest.param(500, {"body": nginx_page(500, "Internal Server Error")}, "server-error", id="500-proxy-page"),
+    pytest.param(502, {"body": nginx_page(502, "Bad Gateway")}, "gateway", id="502-proxy-page"),
+    pytest.param(504, {"body": b""}, "gateway", id="504-no-body"),
+    pytest.param(504, {"body": nginx_page(504, "Gateway Time-out")}, "timeout", id="504-proxy-page"),  # the SDK: REQUEST_TIMEOUT
+    pytest.param(408, {"code": "RequestTimeout", "message": "Your socket connection to the server was not read from "
+                       "or written to within the timeout period."}, "timeout", id="408-RequestTimeout"),
+]
+
+
+@pytest.mark.parametrize("action", ["list", "read"])
+@pytest.mark.parametrize("status,answer,cause", S3_STATUS_CASES)
+def test_s3_and_proxy_status_classes_name_their_cause_and_fix(aws_env, monkeypatch, tmp_path, status, answer, cause,
+                                                               action):
+    """A fault server as AWS_ENDPOINT_URL answers the listing (or, after listing and HEAD, the
+    object GET) with *status*. Before #27, 500, 502, 504 and a 429 without an S3 code read "the
+    store gave no reason this shim recognises. Check the bucket name, the credentials …"; a 503
+    page "is throttling or temporarily unavailable" like SlowDown; 408 "did not answer in time"."""
+    from ray_runai_shim.stores.endpoint import s3_endpoint
+
+    keys = {"m/config.json": 5000, "m/model.safetensors": 64} if action == "read" else None  # > any error body
+    fake = FakeS3(status, keys=keys, **answer)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", fake.endpoint)
+    fsp = lambda uri: (endpoint_s3_filesystem(False, s3_endpoint()), uri.split("://", 1)[1])  # noqa: E731
+    try:
+        msg = shim_error(lambda: fetch_nonweights("s3://bkt/m", "runai_streamer", fs_and_path=fsp, root=tmp_path))
+        methods = [m for m, _ in fake.requests]
+    finally:
+        fake.close()
+    if action == "read":
+        assert "HEAD" in methods and methods[-1] == "GET"  # listed and probed fine; the object read failed
+    target = "s3://bkt/m/config.json" if action == "read" else "s3://bkt/m"
+    assert f"cannot {action} {target} via endpoint {fake.endpoint}: " in msg
+    got = classify_store(msg.split("(store said: ", 1)[1])
+    assert got in (cause if isinstance(cause, tuple) else (cause,))
+    for words in CAUSE_AND_FIX[got]:
+        assert words in msg, (words, msg)
+    assert "no reason this shim recognises" not in msg and "AKIATESTDIAGNOSE" not in msg
+    assert not [p for p in tmp_path.rglob("*") if p.is_dir() and not p.name.startswith(".")
+                and p.name != cache.DIR_NAME]  # no snapshot left behind
+
+
+def test_ray_s_own_filesystem_lookup_refuses_an_endpoint_with_credentials(aws_env, monkeypatch):
+    """The wrapper on Ray's ``get_fs_and_path`` let any error fall back to Ray's filesystem, which
+    on 2.45-2.49 goes to AWS itself: the user-info error must reach the user instead."""
+    import pyarrow.fs as pa_fs
+
+    from ray_runai_shim.stores.endpoint import get_fs_and_path_wrapper
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://AKIA:se@cret@127.0.0.1:9")
+    ray_s = lambda uri: (pa_fs.S3FileSystem(anonymous=True), uri.split("://", 1)[1])  # noqa: E731
+    with pytest.raises(ShimError) as err:
+        get_fs_and_path_wrapper(ray_s, None, ("s3://bkt/m",), {})
+    msg = str(err.value)
+    assert "AWS_ENDPOINT_URL carries credentials" in msg and "se@cret" not in msg and "cret@" not in msg
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # control: without user-info, the endpoint's fs
+    fs, _ = get_fs_and_path_wrapper(ray_s, None, ("s3://bkt/m",), {})
+    assert type(fs).__name__ == "S3FileSystem" and fs.__reduce__()[1][0]["endpoint_override"] == "127.0.0.1:9"
+
+
+def test_endpoint_credentials_in_an_aws_profile_and_what_is_left_alone(aws_env, monkeypatch, tmp_path):
+    from ray_runai_shim.snapshot.fetch import check_source
+    from ray_runai_shim.stores.endpoint import endpoint_credential_problems, refuse_endpoint_credentials
+
+    config = tmp_path / "config"
+    config.write_text("[profile minio]\nendpoint_url = http://AKIAPROFILE:profile-pw@rd@minio:9000\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_PROFILE", "minio")
+    [problem] = endpoint_credential_problems("s3")
+    assert "the AWS profile's endpoint_url carries credentials" in problem
+    assert "set the AWS profile's endpoint_url to http://minio:9000" in problem
+    assert "AKIAPROFILE" not in problem and "profile-pw" not in problem and "rd@" not in problem
+    with pytest.raises(ShimError):
+        refuse_endpoint_credentials("s3://bkt/m")
+    # Not S3's business: a gs:// source, and Azure's container@account form (not user-info).
+    assert endpoint_credential_problems("gs") == []
+    refuse_endpoint_credentials("gs://bkt/m")
+    refuse_endpoint_credentials("abfss://models@acct.dfs.core.windows.net/llm/tiny")
+    check_source("abfss://models@acct.dfs.core.windows.net/llm//tiny")
+    check_source("s3://anonymous@bkt/llm/tiny/")  # Ray's unsigned form and a trailing "/" are fine
+
+
 # --------------------------------------------------------------------------- GCS
+
+
+def test_a_gcs_emulator_endpoint_with_credentials_is_refused_before_any_request(monkeypatch):
+    fake = FakeGcs("bkt")
+    fake.put("m/config.json", b"{}")
+    monkeypatch.setenv("CLOUD_STORAGE_EMULATOR_ENDPOINT", f"http://svc:gcs-pw@x@{fake.endpoint}")
+    try:
+        msg = shim_error(lambda: list_model("gs://bkt/m", lambda uri: (fake.filesystem(), "bkt/m")))
+        requests = list(fake.requests)
+    finally:
+        fake.close()
+    assert requests == []
+    assert "CLOUD_STORAGE_EMULATOR_ENDPOINT carries credentials" in msg and f"to http://{fake.endpoint}" in msg
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in msg and "AWS" not in msg
+    assert "gcs-pw" not in msg and "svc:" not in msg
 
 
 @pytest.mark.parametrize(
@@ -154,6 +284,38 @@ def test_gcs_errors_are_told_in_google_cloud_terms(status, reason, message, expe
     if expect == "access denied":
         assert "storage.objects.get" in msg and "GOOGLE_APPLICATION_CREDENTIALS" in msg and "Workload Identity" in msg
         assert "unsigned" in msg  # this client was anonymous, and the message says so
+
+
+@pytest.mark.parametrize(
+    "status,page,cause",
+    [
+        (429, None, "throttled"),
+        (503, None, "unavailable"),
+        (500, None, "server-error"),
+        (502, None, "gateway"),
+        (504, None, "gateway"),
+        (408, None, "timeout"),
+        (502, nginx_page(502, "Bad Gateway"), "gateway"),
+        (504, nginx_page(504, "Gateway Time-out"), "gateway"),
+        (429, nginx_page(429, "Too Many Requests"), "throttled"),
+    ],
+)
+def test_gcs_status_classes_in_google_cloud_terms(status, page, cause):
+    """google-cloud-cpp retries these, then says UNAVAILABLE (INTERNAL for 504) for all of them:
+    before #27 every one read "is throttling or temporarily unavailable" (504: "no reason")."""
+    fake = FakeGcs("bkt")
+    if page is None:
+        fake.error = (status, "rateLimitExceeded" if status == 429 else "backendError", "the backend said no")
+    else:
+        fake.page = (status, page)  # a proxy's own page: no http_status_code in the client's words
+    try:
+        msg = shim_error(lambda: list_model("gs://bkt/m", lambda uri: (fake.filesystem(), "bkt/m")))
+    finally:
+        fake.close()
+    assert classify_store(msg.split("(store said: ", 1)[1], gcs=True) == cause
+    for words in CAUSE_AND_FIX[cause]:
+        assert words in msg, (words, msg)
+    assert "gs://bkt/m" in msg and "AWS" not in msg and "SlowDown" not in msg  # Google Cloud terms only
 
 
 def test_gcs_connection_refused_in_google_cloud_terms():

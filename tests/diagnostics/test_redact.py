@@ -23,6 +23,10 @@ from ray_runai_shim.errors import ShimError
         ("http://KEY:SECRET@minio:9000", "http://***@minio:9000"),
         ("via endpoint https://user:p%40ss@host/path?x=1", "via endpoint https://***@host/path?x=1"),
         ("s3://AKIA1:abc/def@bucket/model", "s3://***@bucket/model"),
+        # An unencoded "@" in the secret: the userinfo runs to the last "@" before the host.
+        ("http://AKIA:se@cret@127.0.0.1:9000", "http://***@127.0.0.1:9000"),
+        ("s3://AKIA1:ab/c@d@bucket/model", "s3://***@bucket/model"),
+        ("endpoint http://k:pw@minio:9000/llm/a@b.txt", "endpoint http://***@minio:9000/llm/a@b.txt"),  # path kept
         ("s3://anonymous@public-bucket/m", "s3://anonymous@public-bucket/m"),  # Ray's unsigned form, kept
         ("https://b.s3.amazonaws.com/k?X-Amz-Signature=deadbeef&X-Amz-Credential=AKIA%2F1&x=1",
          "https://b.s3.amazonaws.com/k?X-Amz-Signature=***&X-Amz-Credential=***&x=1"),
@@ -71,3 +75,17 @@ def test_what_doctor_shows_and_what_may_be_forwarded():
     assert not forwardable("AWS_SESSION_TOKEN", "abc")
     assert has_userinfo("https://u:p@h") and not has_userinfo("s3://anonymous@b/m")
     assert redact_url("https://u:p@h:1/x") == "https://***@h:1/x"
+
+
+def test_no_fragment_of_a_secret_with_at_signs_survives():
+    """Before #27 the mask stopped at the first "@": ``http://***@cret@127.0.0.1:9000`` (and
+    doctor printed the tail)."""
+    url = "http://AKIAFRAGMENT1:secretpart1@secretpart2@@secretpart3@127.0.0.1:9000/p"
+    env = {"AWS_ENDPOINT_URL": url}
+    quoted = "curl: Could not resolve host: AKIAFRAGMENT1:secretpart1@secretpart2@@secretpart3@127.0.0.1"
+    for out in (redact_url(url), redact_text(url, env=False), redact_text(f"via {url}: {quoted}", environ=env),
+                redact_env(env)["AWS_ENDPOINT_URL"]):
+        for piece in ("AKIAFRAGMENT1", "secretpart1", "secretpart2", "secretpart3"):
+            assert piece not in out, out
+    assert redact_url(url) == "http://***@127.0.0.1:9000/p"
+    assert has_userinfo(url) and not forwardable("AWS_ENDPOINT_URL", url)

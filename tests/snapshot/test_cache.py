@@ -208,7 +208,7 @@ def test_old_versions_go_once_nobody_holds_them(tmp_path):
         v.mkdir()
         (v / MANIFEST).write_text(json.dumps({"format": cache.FORMAT, "source": "s3://b/m"}))
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"from ray_runai_shim import cache; from pathlib import Path\n"
+        [sys.executable, "-c", f"from ray_runai_shim.snapshot import cache; from pathlib import Path\n"
          f"assert cache.hold(Path({str(v1)!r}))\nprint('held', flush=True)\nimport sys; sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

@@ -292,6 +292,51 @@ def test_a_key_too_long_for_the_local_filesystem_is_a_local_error(s3env, models,
     assert snapshot_dirs(tmp_path) == []
 
 
+# --------------------------------------------------------------------------- bytes as stored
+
+
+def _pyarrow_compressed(data: bytes, codec: str) -> bytes:
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.CompressedOutputStream(sink, codec) as out:
+        out.write(data)
+    return sink.getvalue().to_pybytes()
+
+
+def test_objects_named_like_compressed_files_reach_the_snapshot_byte_for_byte(s3env, models, tmp_path):
+    """pyarrow's ``open_input_stream`` inflates by suffix unless told not to: a real ``.gz``
+    arrived inflated (then "the objects changed while they were being fetched", twice), and
+    plain text named ``.gz`` failed as if the store were at fault."""
+    import bz2
+    import gzip
+    import hashlib
+
+    model = models["tiny"]
+    text = b"plain text, not compressed at all\n" * 64
+    stored = {
+        "extra/vocab.txt.gz": gzip.compress(text),  # really gzip
+        "notes.gz": text,  # only looks compressed
+        "extra/merges.txt.bz2": bz2.compress(text),
+        "extra/table.zst": _pyarrow_compressed(text, "zstd"),
+        "extra/table.lz4": _pyarrow_compressed(text, "lz4"),
+        "extra/table.br": _pyarrow_compressed(text, "brotli"),
+    }
+    uri = upload(s3env.client(), model, "llm/suffixes", **stored)
+    r = fetch_nonweights(uri, "runai_streamer", fs_and_path=fs_for(s3env.endpoint), root=tmp_path)
+    got = files_of(Path(r.local_dir))
+    for rel, body in stored.items():
+        assert hashlib.sha256(got[rel]).hexdigest() == hashlib.sha256(body).hexdigest(), rel
+    recorded = json.loads((Path(r.local_dir) / MANIFEST).read_text())["files"]
+    assert all(recorded[rel]["size"] == len(body) for rel, body in stored.items())
+    # Control: the same reads with pyarrow's default (compression="detect") do not give the store's bytes.
+    fs, prefix = fs_for(s3env.endpoint)(uri)
+    with fs.open_input_stream(f"{prefix}/extra/vocab.txt.gz") as f:
+        assert f.read() == text  # inflated: 2176 bytes where 74 are stored
+    with pytest.raises((OSError, ValueError)), fs.open_input_stream(f"{prefix}/notes.gz") as f:
+        f.read()  # "zlib inflate failed: incorrect header check"
+
+
 # --------------------------------------------------------------------------- staleness
 
 
@@ -546,6 +591,93 @@ def test_safetensors_only_in_sub_folders_fail_before_anything_is_fetched(s3env, 
     fetch_nonweights(uri, "tensorizer", fs_and_path=fs_for(s3env.endpoint), root=tmp_path)  # control
 
 
+def test_a_prefix_without_config_json_fails_at_listing_time(s3env, models, tmp_path):
+    """#27: weights without config.json were fetched as a snapshot, and vLLM failed only after
+    the engine had started."""
+    model = models["tiny"]
+    client = s3env.client()
+    for rel in model.nonweights + model.weights:
+        if rel != "config.json":
+            client.upload_file(str(model.local / rel), BUCKET, f"llm/no-config/{rel}")
+    client.upload_file(str(model.local / "config.json"), BUCKET, "llm/no-config/base/config.json")
+    uri = f"s3://{BUCKET}/llm/no-config"
+    fsp = fs_for(s3env.endpoint)
+    # Control: nothing else is wrong with the prefix; the previous fetch went on from this listing.
+    listing = list_model(uri, fsp)
+    assert listing.weights and "config.json" not in {f.key for f in listing.nonweights}
+    mark = len(s3env.requests())
+    with pytest.raises(ShimError) as err:
+        fetch_nonweights(uri, "runai_streamer", fs_and_path=fsp, root=tmp_path / "cache")
+    msg = str(err.value)
+    assert f"{uri} has no config.json at the top of the prefix" in msg and "after the engine started" in msg
+    assert "Fix: point model_source at the folder that holds config.json" in msg
+    assert f"use {uri}/base" in msg  # the folder that does hold one
+    assert not (tmp_path / "cache").exists()  # nothing written, not even the cache directory
+    assert [(r.method, r.path) for r in s3env.requests(mark)] == [("GET", f"/{BUCKET}")]  # the listing only
+    # A tokenizer-only download ("auto") needs no config.json and is still served.
+    r = fetch_nonweights(uri, "auto", fs_and_path=fsp, root=tmp_path / "cache")
+    assert (Path(r.local_dir) / "tokenizer_config.json").exists()
+
+
+def test_config_json_check_accepts_params_json_and_hf_config_path():
+    from ray_runai_shim.snapshot.fetch import Listing, RemoteFile, check_model_config
+    from ray_runai_shim.snapshot.nonweights import _check_recorded
+
+    weights = [RemoteFile("consolidated.safetensors", 8, None)]
+    check_model_config(Listing("s3://b/m", [RemoteFile("params.json", 2, None)], weights))  # Mistral's format
+    check_model_config(Listing("s3://b/m", [], weights), {"hf_config_path": "s3://b/base"})
+    with pytest.raises(ShimError, match="no config.json"):
+        check_model_config(Listing("s3://b/m", [RemoteFile("tokenizer.json", 2, None)], weights))
+    # A job's record made by a tokenizer-only download is checked when the vLLM stage reuses it.
+    from ray_runai_shim.context import StageContext
+
+    ctx = StageContext(model="s3://b/m", load_format="runai_streamer", engine_kwargs={})
+    with pytest.raises(ShimError, match="no config.json"):
+        _check_recorded(ctx, "runai_streamer", [["model.safetensors", 8]], ["tokenizer.json"])
+    _check_recorded(ctx, "runai_streamer", [["model.safetensors", 8]], ["config.json"])
+    _check_recorded(ctx, "runai_streamer", [["model.safetensors", 8]], None)  # a record from before: unknown
+
+
+@pytest.mark.parametrize(
+    "uri,after,fixed",
+    [
+        (f"s3://{BUCKET}//llm/tiny", BUCKET, f"s3://{BUCKET}/llm/tiny"),
+        (f"s3://{BUCKET}/llm//tiny", f"{BUCKET}/llm", f"s3://{BUCKET}/llm/tiny"),
+        (f"s3://anonymous@{BUCKET}/llm//tiny/", f"{BUCKET}/llm", f"s3://anonymous@{BUCKET}/llm/tiny"),
+    ],
+)
+def test_empty_path_segments_are_refused_before_any_request(s3env, models, tmp_path, uri, after, fixed):
+    """#27: pyarrow refuses them itself ("Empty path component in path …"), a text the shim did
+    not recognise, so the message sent the user to the bucket name and the credentials."""
+    from ray_runai_shim.diagnostics.diagnose import classify_store
+
+    mark = len(s3env.requests())
+    with pytest.raises(ShimError) as err:
+        fetch_nonweights(uri, "runai_streamer", fs_and_path=fs_for(s3env.endpoint), root=tmp_path / "cache")
+    msg = str(err.value)
+    assert f"the model URI {uri} has an empty path segment ('//' after '{after}')" in msg
+    assert f"Fix: write {fixed} (one '/' between segments)" in msg
+    assert "credentials" not in msg and "store said" not in msg
+    assert s3env.requests(mark) == [] and not (tmp_path / "cache").exists()
+    # Control: pyarrow's own words for it carry no cause the shim knows (the old "no reason" message).
+    import pyarrow.fs as pa_fs
+
+    with pytest.raises(ValueError) as raw:
+        fs_for(s3env.endpoint)(uri)[0].get_file_info(pa_fs.FileSelector(f"{BUCKET}/llm//tiny"))
+    assert "Empty path component" in str(raw.value) and classify_store(str(raw.value)) == "unknown"
+    if "anonymous" not in uri:  # and the URI written as the message says works
+        assert fetch_nonweights(fixed, "runai_streamer", fs_and_path=fs_for(s3env.endpoint), root=tmp_path).local_dir
+
+
+def test_credentials_in_the_model_uri_are_refused_before_any_request(s3env, tmp_path):
+    mark = len(s3env.requests())
+    with pytest.raises(ShimError) as err:
+        list_model(f"s3://AKIAMODELURI:model-uri-secret@{BUCKET}/llm/tiny", fs_for(s3env.endpoint))
+    msg = str(err.value)
+    assert "carries credentials before the bucket name" in msg and "do not belong in the model URI" in msg
+    assert "model-uri-secret" not in msg and "AKIAMODELURI" not in msg and s3env.requests(mark) == []
+
+
 # --------------------------------------------------------------------------- store errors
 
 
@@ -652,6 +784,17 @@ def test_rejected_credentials_name_the_uri_and_endpoint_never_the_secret(strict_
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.json"))
 
 
+def _raw_pyarrow_error(endpoint: str) -> str:
+    """What pyarrow itself says when handed *endpoint* unchecked (the control)."""
+    import pyarrow.fs as pa_fs
+
+    raw = pa_fs.S3FileSystem(endpoint_override=endpoint.split("://", 1)[1], scheme="http", access_key="testing",
+                             secret_key="testing", region="us-east-1")
+    with pytest.raises(OSError) as err:
+        raw.get_file_info(pa_fs.FileSelector(f"{BUCKET}/llm/tiny", recursive=True))
+    return str(err.value)
+
+
 def test_credentials_in_the_endpoint_url_never_appear_in_errors_or_logs(s3env, models, tmp_path, monkeypatch, caplog):
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
@@ -666,6 +809,31 @@ def test_credentials_in_the_endpoint_url_never_appear_in_errors_or_logs(s3env, m
     shown = "".join(traceback.format_exception(err.type, err.value, err.tb))  # what Ray prints, chain included
     assert f"http://127.0.0.1:{port}" in msg  # the endpoint is still named
     # Control: pyarrow's own text quotes the user part (curl takes it for the host name).
-    assert "AKIAUSERINFO" in str(err.value.__context__)
+    assert "AKIAUSERINFO" in _raw_pyarrow_error(endpoint)
     for secret in ("userinfo-secret-42", "AKIAUSERINFO"):
         assert secret not in shown and secret not in caplog.text and secret not in repr(err.value.args)
+
+
+def test_credentials_in_the_endpoint_url_are_refused_before_any_request(s3env, models, tmp_path, monkeypatch):
+    """#27: an unencoded "@" in the secret was masked only up to its first "@", and any
+    user-info reached pyarrow, so a live store read as "the host name does not resolve"."""
+    from ray_runai_shim.diagnostics.diagnose import classify_store
+
+    endpoint = f"http://AKIA:se@cret@127.0.0.1:{s3env.port}"  # the store is up and reachable
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)
+    mark = len(s3env.requests())
+    with pytest.raises(ShimError) as err:
+        fetch_nonweights(models["tiny"].uri, "runai_streamer", fs_and_path=fs_for(endpoint), root=tmp_path)
+    msg = str(err.value)
+    assert "AWS_ENDPOINT_URL_S3 carries credentials in its user-info" in msg
+    assert "do not belong in the endpoint URL" in msg and f"set AWS_ENDPOINT_URL_S3 to http://127.0.0.1:{s3env.port}" in msg
+    assert "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY" in msg and "instance profile" in msg  # where they go
+    assert "does not resolve" not in msg and "store said" not in msg
+    for piece in ("se@cret", "cret@", "AKIA:"):
+        assert piece not in msg and piece not in repr(err.value.args)
+    assert s3env.requests(mark) == []  # refused before any request
+    assert not (tmp_path / cache.DIR_NAME).exists()  # nothing written
+    # Control: handed on as it was, the same endpoint against the same live server reads as DNS.
+    raw = _raw_pyarrow_error(endpoint)
+    assert "Could not resolve host: AKIA" in raw and classify_store(raw) == "dns"

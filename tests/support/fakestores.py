@@ -6,7 +6,10 @@
   emulator here; this gives the real pyarrow/google-cloud-cpp client and its real
   error texts.
 * :class:`FakeS3`: answers every S3 request with a chosen status and S3 error code
-  (a bucket in another region, an expired token), or HEAD fine and GET refused.
+  (a bucket in another region, an expired token), or HEAD fine and GET refused; with
+  ``body`` it answers that raw body instead (a proxy's HTML page, or nothing at all).
+  Used as ``AWS_ENDPOINT_URL``, it is the fault server for HTTP status classes (429,
+  500, 502, 503, 504, 408).
 
 Both run on 127.0.0.1 in a thread; ``close()`` stops them.
 """
@@ -54,12 +57,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 class FakeGcs(_Server):
     """``objects``: name -> bytes in bucket ``bucket``; ``error``: (status, reason, message)
-    returned for every request instead."""
+    returned for every request instead; ``page``: (status, raw body) for every request, as a
+    proxy in front of the store would answer."""
 
     def __init__(self, bucket: str) -> None:
         self.bucket = bucket
         self.objects: dict[str, tuple[bytes, int]] = {}
         self.error: Optional[tuple[int, str, str]] = None
+        self.page: Optional[tuple[int, bytes]] = None
         self._generation = 1700000000000000
         super().__init__(_GcsHandler)
 
@@ -96,6 +101,8 @@ class _GcsHandler(_Handler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         srv: FakeGcs = self.server.owner  # type: ignore[attr-defined]
         srv.requests.append((self.command, self.path))
+        if srv.page is not None:
+            return self._send(srv.page[0], srv.page[1], "text/html")
         if srv.error is not None:
             code, reason, message = srv.error
             body = {"error": {"code": code, "message": message,
@@ -120,10 +127,13 @@ class _GcsHandler(_Handler):
 class FakeS3(_Server):
     """Every request gets ``status`` with S3 error ``code``. With ``keys`` (key -> size)
     listing and HEAD succeed and only object GETs fail: an identity that may list and
-    HEAD but not read the bytes (a bucket policy, SSE-KMS without kms:Decrypt)."""
+    HEAD but not read the bytes (a bucket policy, SSE-KMS without kms:Decrypt). With
+    ``body`` the failing requests get that raw body (``content_type``) instead of S3's XML."""
 
-    def __init__(self, status: int, code: str, message: str, keys: Optional[dict[str, int]] = None) -> None:
+    def __init__(self, status: int, code: str = "", message: str = "", keys: Optional[dict[str, int]] = None,
+                 body: Optional[bytes] = None, content_type: str = "text/html") -> None:
         self.status, self.code, self.message, self.keys = status, code, message, keys
+        self.body, self.content_type = body, content_type
         super().__init__(_S3Handler)
 
     @property
@@ -159,6 +169,8 @@ class _S3Handler(_Handler):
             self.send_header("ETag", '"abc"')
             self.end_headers()
             return None
+        if srv.body is not None:
+            return self._send(srv.status, srv.body, srv.content_type)
         body = (
             f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{srv.code}</Code>"
             f"<Message>{srv.message}</Message><RequestId>0</RequestId></Error>"
