@@ -25,6 +25,8 @@ from support.procs import base_env, last_json, run_python
 from ray_runai_shim.tables import targets
 from ray_runai_shim.tables.support import patches_for
 
+pytestmark = pytest.mark.ray  # starts Ray (a cluster, a job, Serve, an engine) in its processes
+
 WANTED = patches_for(ray.__version__)
 SITE_ENV = {"RAY_RUNAI_SHIM_TEST_COMPAT": "1", "RAY_RUNAI_SHIM_TEST_SERVE_COMPAT": "1"}
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from support.procs import base_env, last_json, run_python
 
+pytestmark = pytest.mark.ray  # starts Ray (a cluster, a job, Serve, an engine) in its processes
+
 PROBE = """
 import json, os, ray
 

@@ -18,6 +18,8 @@ import pytest
 from support.cluster import RayCluster
 from support.procs import REPO, base_env, last_json, run_python
 
+pytestmark = pytest.mark.ray  # starts Ray (a cluster, a job, Serve, an engine) in its processes
+
 RAY = str(Path(sys.executable).parent / "ray")
 PROBE = """
 import json, os, sys, ray

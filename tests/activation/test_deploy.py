@@ -37,6 +37,8 @@ from support.s3server import free_port
 sys.path.insert(0, str(REPO / "tests" / "matrix"))
 from ray_envs import build_layer  # noqa: E402
 
+pytestmark = pytest.mark.ray  # starts Ray (a cluster, a job, Serve, an engine) in its processes
+
 APP = '''
 {first_line}
 from ray.serve.llm import LLMConfig, build_openai_app

@@ -18,6 +18,8 @@ import pytest
 from support.cluster import RayCluster
 from support.procs import base_env
 
+pytestmark = pytest.mark.ray  # starts Ray (a cluster, a job, Serve, an engine) in its processes
+
 ENTRY = '''
 import ray_runai_shim  # the README's first line
 import json, os, sys

@@ -24,7 +24,7 @@ import pytest
 from support.fixtures import BUCKET, LAYOUT_MODELS, TinyModel, make_sandbox
 from support.procs import REPO
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.ray]
 
 LAYOUTS = list(LAYOUT_MODELS)
 SYSTEM = "You are a bot that responds with haikus."

@@ -42,6 +42,8 @@ from support.tiny_model import (
 from ray_runai_shim import ShimError
 from ray_runai_shim.integrations import peer_files
 
+pytestmark = pytest.mark.ray  # starts Ray (a cluster, a job, Serve, an engine) in its processes
+
 ENGINE = pytest.mark.engine
 
 SANDBOX_DIRS = ("home", "hf", "cache")

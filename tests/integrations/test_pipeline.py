@@ -22,7 +22,7 @@ from support.procs import REPO
 
 from ray_runai_shim.tables.support import parse_version
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.ray]
 MODEL = "tiny-sharded"
 
 

@@ -13,6 +13,8 @@ import pytest
 from support.fixtures import BUCKET
 from support.procs import last_json, run_python
 
+pytestmark = pytest.mark.ray  # starts Ray (a cluster, a job, Serve, an engine) in its processes
+
 MANIFEST = ".ray-runai-shim.json"
 STOP = {"RAY_RUNAI_SHIM_TEST_STOP_AFTER_CONFIG": "1"}
 

@@ -19,7 +19,7 @@ from support.fixtures import make_sandbox
 from support.procs import REPO
 from support.proxy import CountingProxy
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.ray]
 MODEL = "tiny-sharded"
 
 

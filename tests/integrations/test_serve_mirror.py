@@ -27,6 +27,8 @@ import pytest
 from support.fixtures import make_sandbox
 from support.procs import last_json
 
+pytestmark = pytest.mark.ray  # starts Ray (a cluster, a job, Serve, an engine) in its processes
+
 MODEL = "tiny-sharded"
 
 #: `./dev test` runs one release per code path (2.55: mirror only; 2.57: every remote

@@ -14,7 +14,7 @@ from support.tiny_model import copy_nonweight_files
 
 # extended: the same handoff through vLLM's own processes also runs in test_pipeline (one
 # engine) and the matrix; this adds the TP=2 worker processes.
-pytestmark = [pytest.mark.engine, pytest.mark.extended]
+pytestmark = [pytest.mark.engine, pytest.mark.extended, pytest.mark.ray]
 
 
 def test_tensor_parallel_2_workers_stream_from_the_uri_without_the_shim(s3, models, sandbox):

@@ -24,7 +24,7 @@ from support.procs import REPO, base_env
 from ray_runai_shim.errors import ShimError
 from ray_runai_shim.snapshot.fetch import fetch_nonweights
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.ray]
 BUCKET = "gcs-models"
 MODEL = "tiny-sharded"
 
