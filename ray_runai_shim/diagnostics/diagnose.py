@@ -47,7 +47,9 @@ _S3_PATTERNS: tuple[tuple[str, str], ...] = (
     ("gateway", r"HTTP status 50[24]|BadGateway|Bad Gateway|GatewayTimeout|Gateway Time-?out"),
     ("timeout", r"curlCode: 28\b|[Tt]imed? ?out|REQUEST_TIMEOUT|HTTP status 408"),
     ("read-refused", r"Failed to flush response stream"),
-    ("server-error", r"INTERNAL_FAILURE|InternalError|Internal Server Error|HTTP status 5\d\d"),
+    # A bare INTERNAL_FAILURE is also what the SDK says when it could not sign (no credentials):
+    # only the store's own words or a status make it a server error.
+    ("server-error", r"InternalError|Internal Server Error|HTTP status 5\d\d"),
 )
 _GCS_PATTERNS: tuple[tuple[str, str], ...] = (
     ("gcs-unauthenticated", r"UNAUTHENTICATED|http_status_code=401|Could not (automatically )?determine credentials"),
@@ -295,6 +297,8 @@ def store_error(
     the message does."""
     reason = str(exc).strip() or type(exc).__name__
     cause = cause or classify_store(reason, gcs=store.is_gcs)
+    if cause == "unknown" and "INTERNAL_FAILURE" in reason and (not store.signed or aws_credential_sources()):
+        cause = "server-error"  # the SDK's bare word for a 500 without an S3 code, once it could sign
     verb = "list" if action == "list" else "read"
     return ShimError(
         f"ray-runai-shim: cannot {verb} {uri} via {store.describe()}: "

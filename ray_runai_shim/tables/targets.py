@@ -117,7 +117,7 @@ TARGETS: tuple[Target, ...] = (
     # (after the handoffs above), so it sees the weights URI vLLM will stream; released once loaded.
     Target(RELAY, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", "ray_runai_shim.integrations.relay:create_engine_config"),
     Target(RELAY, STAGE_MODULE, "vLLMEngineStage.__init__", "ray_runai_shim.integrations.relay:stage_init",
-           requires=("vLLMEngineStageUDF",)),
+           if_has="vLLMEngineStage"),
     Target(RELAY, VLLM_ASYNC_LLM, "AsyncLLM.__init__", "ray_runai_shim.integrations.relay:engine_ready",
            if_has="AsyncLLM"),
     Target(RELAY, VLLM_LLM_ENGINE, "LLMEngine.__init__", "ray_runai_shim.integrations.relay:engine_ready",

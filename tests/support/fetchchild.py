@@ -54,8 +54,8 @@ class _SlowFs:
     def get_file_info(self, selector: Any) -> Any:
         return self.fs.get_file_info(selector)
 
-    def open_input_stream(self, path: str) -> _SlowStream:
-        return _SlowStream(self.fs.open_input_stream(path), self.delay)
+    def open_input_stream(self, path: str, **kwargs: Any) -> _SlowStream:
+        return _SlowStream(self.fs.open_input_stream(path, **kwargs), self.delay)
 
 
 def _digests(root: Path) -> dict[str, str]:
