@@ -45,8 +45,8 @@ def ray_version() -> Optional[str]:
     return getattr(sys.modules.get("ray"), "__version__", None)
 
 
-def _plans() -> tuple[Optional[Plan], Optional[Plan]]:
-    version = ray_version()
+def _plans(version: Optional[str] = None) -> tuple[Optional[Plan], Optional[Plan]]:
+    version = version or ray_version()
     if version is None:
         return None, None
     return plan_for(version), plan_for(version, SERVE_RANGES)
@@ -63,10 +63,11 @@ def _shape(plan: Plan) -> str:
     return "shim streams" if plan.patches & STREAMS else "Ray streams"
 
 
-def announcement() -> Optional[str]:
+def announcement(version: Optional[str] = None) -> Optional[str]:
     """The one INFO line per job (at most 160 characters): version, Ray, what streams, where to
-    see more. The reasons and patch names live in ``status()`` and ``ray-runai-shim doctor``."""
-    data, serve = _plans()
+    see more (*version*: this process's Ray unless given). The reasons and patch names live in
+    ``status()`` and ``ray-runai-shim doctor``."""
+    data, serve = _plans(version)
     if data is None or serve is None:
         return None
     from . import __version__
