@@ -46,7 +46,7 @@ def main(argv: list) -> int:
     if args.address:
         ray.init(address=args.address)
     elif args.cpu:
-        ray.init(num_cpus=max(2, slots), resources={"fake_accel": slots}, include_dashboard=False)
+        ray.init(num_cpus=slots + 2, resources={"fake_accel": slots}, include_dashboard=False)
     if args.cpu:
         engine_kwargs.update(dtype="float32", enforce_eager=True, max_num_seqs=4)
         # Schedule the engine on a custom resource instead of a GPU (the knob moved in Ray 2.50).
