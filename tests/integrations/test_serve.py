@@ -151,6 +151,7 @@ def test_serve_plan_per_ray_release(version, patched):
     from ray_runai_shim.tables.support import (
         ACTIVATION,
         AUX_PULL,
+        RELAY,  # the node relay (#25/#29) rides on every patched range
         SERVE_ACTIVATION,
         SERVE_DOWNLOAD,
         SERVE_HANDOFF,
@@ -160,10 +161,10 @@ def test_serve_plan_per_ray_release(version, patched):
     )
 
     plan = plan_for(version, SERVE_RANGES)
-    expected = {"": set(), "download": {SERVE_DOWNLOAD, SERVE_HANDOFF, SERVE_ACTIVATION},
-                "mirror": {SERVE_MIRROR, ACTIVATION, SERVE_ACTIVATION},
+    expected = {"": set(), "download": {RELAY, SERVE_DOWNLOAD, SERVE_HANDOFF, SERVE_ACTIVATION},
+                "mirror": {RELAY, SERVE_MIRROR, ACTIVATION, SERVE_ACTIVATION},
                 # + the aux-pull race fix (a no-op unless vLLM is 0.11-0.15: only_for)
-                "mirror+race": {SERVE_MIRROR, ACTIVATION, SERVE_ACTIVATION, AUX_PULL}}[patched]
+                "mirror+race": {RELAY, SERVE_MIRROR, ACTIVATION, SERVE_ACTIVATION, AUX_PULL}}[patched]
     assert set(plan.patches) == expected
     assert plan.why  # the one INFO line says why, patched or not
 
