@@ -37,6 +37,8 @@ PATCHED_NAMES = {
     "chat_download": "ray.llm._internal.batch.stages.chat_template_stage.download_model_files",
     "tok_download": "ray.llm._internal.batch.stages.tokenize_stage.download_model_files",
     "proc_download": "ray.llm._internal.batch.processor.vllm_engine_proc.download_model_files",
+    # The node relay (#25): Ray Data's engine count per node, from the stage's actor pool (driver side).
+    "relay_stage": f"{STAGE}.vLLMEngineStage.__init__",
 }
 TOKENIZER_NAMES = {"chat_download", "tok_download", "proc_download"}
 TOKENIZER_BUG = (2, 45) <= V < (2, 56)
@@ -113,6 +115,7 @@ print(json.dumps({{
     "serve_plan": status.get("serve_plan"), "formats": formats, "stage_formats": stage_formats, "same_list": same_list,
     "restored": {{k: type(after[k]).__name__ for k in after}},
     "formats_after_uninstall": getattr(download_utils, "STREAMING_LOAD_FORMATS", None),
+    "has_stage_class": hasattr(stage, "vLLMEngineStage"),
 }}))
 """
 
@@ -129,6 +132,8 @@ def probe():
 
 def test_patches_exactly_where_this_release_is_broken(probe):
     expected = {PATCHED_NAMES[k] for k in EXPECTED}
+    if V >= (2, 45) and probe["has_stage_class"]:  # every release with the N x S reads (#25)
+        expected.add(PATCHED_NAMES["relay_stage"])
     assert set(probe["patched"]) == expected
     VERDICT["patched"] = sorted(probe["patched"])
 
