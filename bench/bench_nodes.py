@@ -479,14 +479,9 @@ def _kill(procs: list[subprocess.Popen]) -> None:
 
 
 def dir_bytes(path: Path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                pass
-    return total
+    from ray_runai_shim.snapshot.relay import tree_bytes
+
+    return tree_bytes(path)
 
 
 def measure(method: str, n: int, rate: float, model: dict[str, Any], proxy: Any, store_env: dict[str, str],

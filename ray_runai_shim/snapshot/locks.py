@@ -48,7 +48,7 @@ def _open_lock(path: Path) -> int:
         raise CacheUnusable(f"cannot open the lock file {path}: {e.strerror}") from e
 
 
-def _same_file(fd: int, path: Path) -> bool:
+def same_file(fd: int, path: Path) -> bool:
     try:
         st = os.stat(path, follow_symlinks=False)
     except FileNotFoundError:
@@ -64,7 +64,7 @@ def hold(vdir: Path) -> bool:
     key = str(path)
     with _held_guard:
         fd = _held.get(key)
-        if fd is not None and _same_file(fd, path):
+        if fd is not None and same_file(fd, path):
             return True
         if fd is not None:
             os.close(fd)
@@ -79,7 +79,7 @@ def hold(vdir: Path) -> bool:
             except OSError:  # ENOLCK (NFS without lockd): nobody can take it exclusively either
                 os.close(fd)
                 return False
-            if _same_file(fd, path):
+            if same_file(fd, path):
                 _held[key] = fd
                 return True
             os.close(fd)  # the file was removed between open and lock: retry on the new one
@@ -96,7 +96,7 @@ def try_exclusive(path: Path) -> Optional[int]:
     except OSError:
         os.close(fd)
         return None
-    if not _same_file(fd, path):
+    if not same_file(fd, path):
         os.close(fd)
         return None
     return fd

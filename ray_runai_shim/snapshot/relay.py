@@ -43,6 +43,7 @@ from ..log import human_bytes, logger
 from ..tables import settings
 from . import memory
 from .fetch import FsAndPath, Listing, _open_store, default_fs_and_path, list_model
+from .locks import same_file
 
 RELAY, RELAY_DIR, RELAY_KEEP = settings.RELAY, settings.RELAY_DIR, settings.RELAY_KEEP
 MARKER = ".ray-runai-shim-relay.json"
@@ -100,15 +101,6 @@ def _open(path: Path) -> int:
     return os.open(path, os.O_RDONLY | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC, 0o600)
 
 
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        st = os.stat(path, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    fst = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
-
-
 def _lock(path: Path, how: int, deadline: Optional[float] = None) -> Optional[int]:
     """flock *path* (re-opened if the file was unlinked and re-created meanwhile); None when
     the lock is not had by *deadline* (or at once, with ``LOCK_NB``)."""
@@ -129,7 +121,7 @@ def _lock(path: Path, how: int, deadline: Optional[float] = None) -> Optional[in
         except BaseException:
             os.close(fd)
             raise
-        if _same_file(fd, path):
+        if same_file(fd, path):
             return fd
         os.close(fd)  # the last reader removed it meanwhile: lock the new one
 
@@ -271,7 +263,7 @@ def _unlock_use(use_fd: int, final: Path, key: str, base: Path) -> bool:
     if fd is None:
         return False  # another reader still loads
     try:
-        size = _size(final)
+        size = tree_bytes(final)
         if size and size <= keep_bytes():
             return False
         shutil.rmtree(final, ignore_errors=True)
@@ -285,7 +277,8 @@ def _unlock_use(use_fd: int, final: Path, key: str, base: Path) -> bool:
         os.close(fd)
 
 
-def _size(path: Path) -> int:
+def tree_bytes(path: Path) -> int:
+    """Bytes of the regular files under *path* (0 when it is gone)."""
     total = 0
     for dirpath, _dirs, files in os.walk(path):
         for name in files:
