@@ -37,7 +37,7 @@ from support.s3server import free_port
 sys.path.insert(0, str(REPO / "tests" / "matrix"))
 from ray_envs import build_layer  # noqa: E402
 
-pytestmark = pytest.mark.ray  # starts Ray (a cluster, a job, Serve, an engine) in its processes
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("serve_exclusive")]  # starts Ray Serve
 
 APP = '''
 {first_line}

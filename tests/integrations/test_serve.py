@@ -26,7 +26,7 @@ import pytest
 from support.fixtures import BUCKET, make_sandbox
 from support.procs import REPO, last_json, run_python
 
-pytestmark = pytest.mark.ray  # starts Ray (a cluster, a job, Serve, an engine) in its processes
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("serve_exclusive")]  # starts Ray Serve
 
 MODEL = "tiny-sharded"
 NODE_INIT_MODULE = "ray.llm._internal.serve.deployments.utils.node_initialization_utils"

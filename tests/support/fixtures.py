@@ -42,6 +42,17 @@ def _leave_dev_shm_as_found():
     shm.clean_new(before)
 
 
+@pytest.fixture(scope="module")
+def serve_exclusive():
+    """One test file that starts Ray Serve at a time, across ``./dev test``'s workers: a Serve
+    proxy started beside another one on a 2-core box missed its readiness check and died."""
+    import fcntl
+
+    with open(Path(tempfile.gettempdir()) / "ray-runai-shim-tests-serve.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="session")
 def s3(tmp_path_factory) -> S3Server:
     server = start_s3_server(tmp_path_factory.mktemp("moto"))
