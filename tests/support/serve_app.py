@@ -40,6 +40,38 @@ def _post(url: str, body: dict) -> dict:
         return {"status": e.code, "body": e.read().decode(errors="replace")[:4000]}
 
 
+def _start_serve(port: int) -> None:
+    """``serve.start``, then wait until the HTTP proxy answers its health route.
+
+    On a loaded 2-core box Serve's first proxy can miss its three 5 s readiness checks; the
+    controller then kills it and starts another, and ``serve.start``'s wait on the first one
+    raises ``ActorDiedError``. The controller carries on, so connect to it again and wait for
+    the replacement to answer (CI failed this way once with another test file beside it). Before
+    any app is deployed the health route answers 503 "Route table is not populated yet": any
+    HTTP answer means the proxy is up; ``serve.run`` then waits for the apps themselves.
+    """
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+    except ray.exceptions.ActorDiedError as e:
+        if "ProxyActor" not in str(e):
+            raise
+        print("serve_app: Serve replaced its first HTTP proxy (readiness checks missed under load); "
+              "waiting for the new one", file=sys.stderr, flush=True)
+        serve.start(http_options={"host": "127.0.0.1", "port": port})  # connects to the running controller
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/healthz", timeout=5):
+                return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Serve's HTTP proxy on port {port} not answering after 180 s")
+        time.sleep(1)
+
+
 def main(apps: list, out: str) -> None:
     ray.init(num_cpus=8, resources={"accelerator_type:Intel-GAUDI": len(apps)}, include_dashboard=False)
     configs = [
@@ -56,7 +88,7 @@ def main(apps: list, out: str) -> None:
         for model_id, source in apps
     ]
     port = _port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    _start_serve(port)
     result: dict = {"port": port}
     start = time.perf_counter()
     try:
