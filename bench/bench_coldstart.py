@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from bench_coldstart_report import PAGE, has_block, page, readme_block, report, write_readme
+import bench_docs
+from bench_coldstart_report import BEGIN, END, PAGE, readme_block, report
 from bench_measure import walk_bytes
 from bench_models import GIB, MIB, build_llama, upload_dir
 from bench_report import env_info
@@ -190,8 +191,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     unknown = set(methods) - set(METHODS)
     if unknown:
         ap.error(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
-    doc = page(args.docs) if args.docs else None
-    if doc is not None and not has_block(doc):  # say so now, not after the run
+    doc = bench_docs.page(args.docs, PAGE) if args.docs else None
+    if doc is not None and not bench_docs.has_block(doc, BEGIN, END):  # say so now, not after the run
         ap.error(f"{doc} needs exactly one bench-coldstart block to rewrite")
 
     need = 2.5 * args.size * GIB + GIB
@@ -261,7 +262,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         RESULTS_JSON.write_text(json.dumps(data, indent=1))
         print(f"\nwrote {RESULTS_JSON}")
         if doc is not None:
-            write_readme(doc, readme_block(data))
+            bench_docs.write_block(doc, BEGIN, END, readme_block(data))
             print(f"rewrote the cold-start block in {doc}")
         return 0
     finally:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 from typing import Any, Optional
 
 from bench_models import MIB
@@ -125,26 +124,3 @@ def readme_block(data: dict[str, Any]) -> str:
         f"shards) on s3rver over loopback, the vLLM CPU engine, each run a fresh driver with its own caches, "
         f"methods alternating.\n\n{tables(data)}\n{END}"
     )
-
-
-def page(path: Path) -> Path:
-    """``docs/`` -> ``docs/benchmarks.md``; a file path is taken as given."""
-    return path / PAGE if path.is_dir() else path
-
-
-def has_block(path: Path) -> bool:
-    """Whether *path* is a file with exactly one BEGIN ... END block."""
-    if not path.is_file():
-        return False
-    text = path.read_text()
-    return text.count(BEGIN) == 1 and text.count(END) == 1
-
-
-def write_readme(path: Path, block: str) -> None:
-    """Replace the text between the markers in the page *path* (both must be there, once each)."""
-    if not has_block(path):
-        raise SystemExit(f"{path} needs exactly one {BEGIN} ... {END} block to rewrite")
-    text = path.read_text()
-    head, rest = text.split(BEGIN)
-    _old, tail = rest.split(END)
-    path.write_text(head + block + tail)

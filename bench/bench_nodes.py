@@ -45,6 +45,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional
 
+import bench_docs
 from bench_models import GIB, MIB, build_model, make_noise, upload_dir
 from bench_report import env_info
 from bench_servers import BUCKET, REPO_ROOT, S3rver, ensure_s3rver, s3_client  # also puts tests/ on sys.path
@@ -228,28 +229,6 @@ def readme_block(data: dict[str, Any]) -> str:
         f"the run (every process on the box moves it), next to the growth of the readers' own RSS plus the "
         f"relay copy; the loaded tensors are copied once, as into a parameter, and dropped.\n\n{tables(data)}\n{END}"
     )
-
-
-def page(path: Path) -> Path:
-    """``docs/`` -> ``docs/benchmarks.md``; a file path is taken as given."""
-    return path / PAGE if path.is_dir() else path
-
-
-def has_block(path: Path) -> bool:
-    """Whether *path* is a file with exactly one BEGIN ... END block."""
-    if not path.is_file():
-        return False
-    text = path.read_text()
-    return text.count(BEGIN) == 1 and text.count(END) == 1
-
-
-def write_block(path: Path, block: str) -> None:
-    """Replace the text between the markers in the page *path* (both must be there, once each)."""
-    if not has_block(path):
-        raise SystemExit(f"{path} needs exactly one {BEGIN} ... {END} block to rewrite")
-    head, rest = path.read_text().split(BEGIN)
-    _old, tail = rest.split(END)
-    path.write_text(head + block + tail)
 
 
 # -- node memory ---------------------------------------------------------------------------
@@ -584,8 +563,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     if args.size_gib <= 0:
         ap.error("--size-gib must be positive")
-    doc = page(args.docs) if args.docs else None
-    if doc is not None and not has_block(doc):  # say so now, not after the run
+    doc = bench_docs.page(args.docs, PAGE) if args.docs else None
+    if doc is not None and not bench_docs.has_block(doc, BEGIN, END):  # say so now, not after the run
         ap.error(f"{doc} needs exactly one {BEGIN} ... {END} block")
     size = int(args.size_gib * GIB)
     need = 2.2 * size + 512 * MIB  # the server's copy, one Ray copy at a time, slack
@@ -638,7 +617,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         RESULTS_JSON.write_text(json.dumps(data, indent=1))
         print(f"\nwrote {RESULTS_JSON}")
         if doc is not None:
-            write_block(doc, readme_block(data))
+            bench_docs.write_block(doc, BEGIN, END, readme_block(data))
             print(f"rewrote the {BEGIN} block of {doc}")
         return 1 if any("error" in r for r in rows) else 0
     finally:

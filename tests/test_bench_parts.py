@@ -12,6 +12,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
+import bench_docs  # noqa: E402
 import bench_download  # noqa: E402
 import bench_measure  # noqa: E402
 import bench_models  # noqa: E402
@@ -81,6 +82,23 @@ def test_build_model_writes_valid_shards_and_walk_bytes_splits_them(tmp_path):
     assert disk["nonweight_bytes"] == model["nonweight_bytes"]
 
 
+def test_bench_docs_rewrites_only_its_own_block(tmp_path):
+    begin, end = "<!-- b:begin -->", "<!-- b:end -->"
+    doc = tmp_path / "page.md"
+    other = "<!-- other:begin -->\nkept\n<!-- other:end -->"
+    doc.write_text(f"head\n{begin}\nold\n{end}\n{other}\ntail\n")
+    assert bench_docs.page(tmp_path, "page.md") == doc and bench_docs.page(doc, "unused.md") == doc
+    assert bench_docs.has_block(doc, begin, end)
+    assert not bench_docs.has_block(tmp_path / "missing.md", begin, end)
+    bench_docs.write_block(doc, begin, end, f"{begin}\nnew\n{end}")
+    assert doc.read_text() == f"head\n{begin}\nnew\n{end}\n{other}\ntail\n"
+    doc.write_text(f"{begin}\n{end}\n{begin}\n{end}\n")  # twice: not rewritten
+    assert not bench_docs.has_block(doc, begin, end)
+    with pytest.raises(SystemExit, match=f"page.md needs exactly one {begin} ... {end} block to rewrite"):
+        bench_docs.write_block(doc, begin, end, "x")
+    assert doc.read_text() == f"{begin}\n{end}\n{begin}\n{end}\n"
+
+
 # --- the cold-start benchmark (bench_coldstart*.py, bench_engine.py, rrs_timing) ---------------
 
 import bench_coldstart  # noqa: E402
@@ -128,12 +146,12 @@ def test_medians_ratios_and_the_readme_block(tmp_path, capsys):
     readme.write_text(f"# x\nbefore\n{bench_coldstart_report.BEGIN}\nSTALE-TEXT\n{bench_coldstart_report.END}\nafter\n")
     data.update(summary, when="now", env={"cpus": 2, "platform": "p"},
                 model={"weight_bytes": 1 << 30, "layers": 17, "shards": 2})
-    bench_coldstart_report.write_readme(readme, bench_coldstart_report.readme_block(data))
+    bench_docs.write_block(readme, bench_coldstart_report.BEGIN, bench_coldstart_report.END, bench_coldstart_report.readme_block(data))
     text = readme.read_text()
     assert "STALE-TEXT" not in text and text.startswith("# x\nbefore\n") and text.endswith("\nafter\n")
     assert "1.00 GiB float32 Llama (17 layers, 2 shards)" in text
     with pytest.raises(SystemExit, match="needs exactly one"):
-        bench_coldstart_report.write_readme(_without_markers(tmp_path), "x")
+        bench_docs.write_block(_without_markers(tmp_path), bench_coldstart_report.BEGIN, bench_coldstart_report.END, "x")
 
 
 def _without_markers(tmp_path: Path) -> Path:
