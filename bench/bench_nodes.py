@@ -57,13 +57,21 @@ BEGIN = "<!-- bench-nodes:begin -->"
 END = "<!-- bench-nodes:end -->"
 #: The docs page that holds the block (``--docs docs/`` means this file in that folder).
 PAGE = "benchmarks.md"
-METHODS = ("stream", "auto", "relay", "ray-copy")
+METHODS = ("stream", "auto", "relay", "relay-budget", "ray-copy")
 LABELS = {
     "stream": "every reader streams from the store",
     "auto": "shim default (`auto`): relays only at >= 2 readers, so N = 1 streams",
     "relay": "node relay (`RAY_RUNAI_SHIM_RELAY=on`): one fetch into /dev/shm, readers stream it",
+    "relay-budget": "the node relay with a binding streamer memory budget (`RUNAI_STREAMER_MEMORY_LIMIT` = "
+                    "`--budget-mib` per reader, as the shim sets it on a node short of memory): what the budget costs",
     "ray-copy": "Ray alone: one reader copies every object to disk under a file lock, all stream the copy",
 }
+#: What N counts, for the docs: at the store, a rank and an engine are the same reader.
+READERS_NOTE = (
+    "N counts the readers on the node: engines x tensor-parallel ranks (vLLM's runai loader streams the whole "
+    "checkpoint in every rank), so N = 2 is one engine at `tensor_parallel_size=2` or two engines, and N = 4 "
+    "two engines at TP=2. Native Ray 2.52-2.60 hands vLLM the URI and every reader streams: the `stream` rows.")
+DEFAULT_BUDGET_MIB = 256
 #: The issue's goals (#25/#29): (numerator, denominator, N, kind, bound, limited link only).
 #: kind "max": ratio <= bound; "near": |ratio - 1| <= bound.
 GOALS = (
@@ -115,8 +123,10 @@ def parse_methods(text: str) -> list[str]:
 
 
 def plan(ns: list[int], methods: list[str]) -> list[tuple[int, str]]:
-    """Every (N, method) to measure, in order; ``auto`` only at N = 1 (at N >= 2 it is ``relay``)."""
-    return [(n, m) for n in ns for m in METHODS if m in methods and (m != "auto" or n == 1)]
+    """Every (N, method) to measure, in order; ``auto`` only at N = 1 (at N >= 2 it is ``relay``),
+    ``relay-budget`` only at N >= 2 (one reader streams)."""
+    return [(n, m) for n in ns for m in METHODS
+            if m in methods and (m != "auto" or n == 1) and (m != "relay-budget" or n > 1)]
 
 
 def run_timeout(n: int, weight_bytes: int, rate_mbps: float) -> float:
@@ -208,7 +218,10 @@ def tables(data: dict[str, Any]) -> str:
     rates = list(dict.fromkeys(r["rate_mbps"] for r in rows))
     parts = [table_for(rows, rate) for rate in rates]
     methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
-    parts.append("\n".join(f"- `{m}`: {LABELS[m]}" for m in methods))
+    labels = dict(LABELS, **{"relay-budget": LABELS["relay-budget"].replace(
+        "`--budget-mib`", f"{data.get('budget_mib', DEFAULT_BUDGET_MIB)} MiB")})
+    parts.append("\n".join(f"- `{m}`: {labels[m]}" for m in methods))
+    parts.append(READERS_NOTE)
     return "\n\n".join(parts)
 
 
@@ -399,6 +412,8 @@ def child_main(args: dict[str, Any]) -> None:
                 engine = SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1)
                 mode = "relay" if relay_wanted(readers_on_node(engine)) else "stream"  # NODE_ENGINES = N
                 out["auto_relays"] = mode == "relay"
+            if method == "relay-budget":
+                mode = "relay"  # the env carries the budget
             out.update(relaychild.main({**args, "mode": mode}))
         out["ready_at"] = t_go + out["ready_s"]
     except Exception as e:  # one JSON file either way
@@ -413,17 +428,19 @@ def child_main(args: dict[str, Any]) -> None:
 # -- one measurement (N readers, one method) ----------------------------------------------------
 
 def child_env(base: dict[str, str], store_env: dict[str, str], endpoint: str, relay_dir: Path, method: str,
-              readers: int, request_timeout_ms: Optional[int]) -> dict[str, str]:
+              readers: int, request_timeout_ms: Optional[int], budget_mib: int = DEFAULT_BUDGET_MIB) -> dict[str, str]:
     """A reader's environment: the store through the proxy, its own relay dir, the method's mode."""
     env = {k: v for k, v in base.items() if not k.startswith(_ENV_DROP_PREFIXES)}
     env.update(store_env)
     env.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL_S3": endpoint,
                 "RAY_RUNAI_SHIM_RELAY_DIR": str(relay_dir),
-                "RAY_RUNAI_SHIM_RELAY": {"relay": "on", "auto": "auto"}.get(method, "off"),
+                "RAY_RUNAI_SHIM_RELAY": {"relay": "on", "relay-budget": "on", "auto": "auto"}.get(method, "off"),
                 "RAY_RUNAI_SHIM_NODE_ENGINES": str(readers),
                 "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), base.get("PYTHONPATH")) if p)})
     if request_timeout_ms:
         env[REQUEST_TIMEOUT_ENV] = str(request_timeout_ms)
+    if method == "relay-budget":
+        env["RUNAI_STREAMER_MEMORY_LIMIT"] = str(budget_mib * MIB)
     return env
 
 
@@ -464,7 +481,8 @@ def dir_bytes(path: Path) -> int:
 
 
 def measure(method: str, n: int, rate: float, model: dict[str, Any], proxy: Any, store_env: dict[str, str],
-            workdir: Path, request_timeout_ms: Optional[int], verify: bool) -> dict[str, Any]:
+            workdir: Path, request_timeout_ms: Optional[int], verify: bool,
+            budget_mib: int = DEFAULT_BUDGET_MIB) -> dict[str, Any]:
     """N readers of *method* started together; the row for the tables."""
     row: dict[str, Any] = {"rate_mbps": rate, "n": n, "method": method}
     deadline_s = run_timeout(n, model["weight_bytes"], rate)
@@ -472,7 +490,7 @@ def measure(method: str, n: int, rate: float, model: dict[str, Any], proxy: Any,
     scratch = Path(tempfile.mkdtemp(prefix=f"{method}-n{n}-", dir=workdir))
     copy_dir = scratch / "ray-copy" / "model"
     copy_dir.parent.mkdir(parents=True)
-    env = child_env(dict(os.environ), store_env, proxy.endpoint, relay_dir, method, n, request_timeout_ms)
+    env = child_env(dict(os.environ), store_env, proxy.endpoint, relay_dir, method, n, request_timeout_ms, budget_mib)
     procs: list[subprocess.Popen] = []
     sampler: Optional[MemSampler] = None
     try:
@@ -552,6 +570,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help=f"some of {','.join(METHODS)} (default all; auto runs at N = 1 only)")
     ap.add_argument("--request-timeout-ms", type=int, default=None,
                     help=f"set {REQUEST_TIMEOUT_ENV} for every reader (default: the streamer's own)")
+    ap.add_argument("--budget-mib", type=int, default=DEFAULT_BUDGET_MIB,
+                    help=f"the per-reader streamer budget of relay-budget (default {DEFAULT_BUDGET_MIB})")
     ap.add_argument("--verify", action="store_true", help="sha256 every tensor in every reader (slower)")
     ap.add_argument("--tmp", default=tempfile.gettempdir(), help="where the temp data goes (default: system tmp)")
     ap.add_argument("--docs", type=Path, metavar="PATH",
@@ -598,7 +618,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             with CountingProxy(server.port, rate=rate * 1e6 if rate else None) as proxy:
                 for n, method in plan(args.ns, args.methods):
                     row = measure(method, n, rate, model, proxy, server.env(), workdir, args.request_timeout_ms,
-                                  args.verify)
+                                  args.verify, args.budget_mib)
                     tensors = row.pop("tensors", None)
                     if tensors is not None:
                         reference = reference or tensors
@@ -607,7 +627,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     print(describe(row), flush=True)
         data = {"command": [sys.executable, *sys.argv], "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "env": env_info(), "model": {k: v for k, v in model.items() if k != "files"},
-                "request_timeout_ms": args.request_timeout_ms,
+                "request_timeout_ms": args.request_timeout_ms, "budget_mib": args.budget_mib,
                 "streamer_env": {k: v for k, v in os.environ.items() if k.startswith("RUNAI_STREAMER")},
                 "verify": args.verify, "runs": rows,
                 "ratios": {str(rate): ratios(rows, rate) for rate in args.rates}}

@@ -197,7 +197,8 @@ def node_report() -> dict[str, Any]:
         "budget_per_reader": {
             str(n): ("set by RUNAI_STREAMER_MEMORY_LIMIT" if user_limit else
                      "streamer default (fits)" if (b := memory.reader_budget(n, usable)) is None else
-                     "below one reader's minimum: streamer default" if b == 0 else human_bytes(b))
+                     "below a 2 GiB tensor: the streamer's minimal mode (0)" if b == memory.MINIMAL else
+                     human_bytes(b))
             for n in (1, 2, 4, 8)
         },
     }

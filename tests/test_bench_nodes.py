@@ -42,10 +42,14 @@ def test_arguments():
             parse(bad)
 
 
-def test_the_plan_runs_auto_at_one_reader_only():
+def test_the_plan_runs_auto_at_one_reader_only_and_the_budget_at_two_or_more():
     assert bn.plan([1, 2], list(bn.METHODS)) == [(1, "stream"), (1, "auto"), (1, "relay"), (1, "ray-copy"),
-                                                 (2, "stream"), (2, "relay"), (2, "ray-copy")]
+                                                 (2, "stream"), (2, "relay"), (2, "relay-budget"), (2, "ray-copy")]
     assert bn.plan([4], ["auto", "stream"]) == [(4, "stream")]
+    env = bn.child_env({}, {}, "http://127.0.0.1:1", Path("/dev/shm/x"), "relay-budget", 4, None, budget_mib=128)
+    assert env["RUNAI_STREAMER_MEMORY_LIMIT"] == str(128 << 20) and env["RAY_RUNAI_SHIM_RELAY"] == "on"
+    assert "RUNAI_STREAMER_MEMORY_LIMIT" not in bn.child_env({}, {}, "http://127.0.0.1:1", Path("/dev/shm/x"),
+                                                              "relay", 4, None)
 
 
 def test_every_wait_is_bounded_by_the_link():

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..failopen import NotApplicable, fail_open
 from ..log import human_bytes, logger
-from ..snapshot import memory
+from ..snapshot import headers, memory
 from ..snapshot import relay as node_relay
 from ..snapshot.handoff import UNSIGNED
 from ..tables import settings
@@ -56,10 +57,32 @@ def _decided(text: str) -> None:
 
 def readers_on_node(engine_args: Any) -> int:
     """The ranks of this engine (TP x PP; all on this node unless Ray places them) times the
-    engines of this model planned per node."""
+    engines of this model per node: ``RAY_RUNAI_SHIM_NODE_ENGINES`` (set by the user, or by the
+    shim on Ray Data's stage), else a Serve replica's deployment size spread over the nodes."""
     tp = int(getattr(engine_args, "tensor_parallel_size", 1) or 1)
     pp = int(getattr(engine_args, "pipeline_parallel_size", 1) or 1)
-    return tp * pp * settings.count(settings.NODE_ENGINES, 1, low=1)
+    engines = settings.count(settings.NODE_ENGINES, 0, low=1)
+    if not engines:
+        replicas = serve_replicas()
+        engines = engines_per_node(replicas) if replicas else 1
+    return tp * pp * engines
+
+
+def serve_replicas() -> Optional[int]:
+    """In a Serve replica: its deployment's replica count -- ``num_replicas``, or with autoscaling
+    the replicas that start together (``initial_replicas``, else ``min_replicas``). Read from
+    the replica context every Ray release sets before the replica builds its engine."""
+    context = sys.modules.get("ray.serve.context")  # never import Serve where it is not running
+    get = getattr(context, "_get_internal_replica_context", None)
+    replica = get() if get is not None else None
+    config = getattr(replica, "_deployment_config", None)
+    if config is None:
+        return None
+    count = getattr(config, "num_replicas", None)
+    autoscaling = getattr(config, "autoscaling_config", None)
+    if autoscaling is not None:
+        count = getattr(autoscaling, "initial_replicas", None) or getattr(autoscaling, "min_replicas", None)
+    return count if isinstance(count, int) and count > 0 else None
 
 
 def _engines(map_batches_kwargs: dict) -> int:
@@ -141,20 +164,48 @@ def _extra(engine_args: Any) -> dict:
     return extra if isinstance(extra, dict) else {}
 
 
-def streamer_budget(engine_args: Any, readers: int) -> Optional[int]:
-    """Bytes of host memory each reader's streamer may use, or None when the user chose, or
-    the streamer's default already fits."""
-    if os.environ.get(MEMORY_LIMIT) or _extra(engine_args).get("memory_limit") is not None:
+def user_memory_limit(engine_args: Any) -> bool:
+    return bool(os.environ.get(MEMORY_LIMIT)) or _extra(engine_args).get("memory_limit") is not None
+
+
+def largest_tensor(weights: str, fs_and_path: Optional[Callable[[str], tuple[Any, str]]] = None) -> int:
+    """The largest tensor of the checkpoint at *weights* (the relay's local copy, or the store)."""
+    if not is_remote_uri(weights):
+        return headers.largest_local(sorted(Path(weights).rglob("*.safetensors")))
+    from ..snapshot.fetch import _open_store, default_fs_and_path, list_model
+
+    fs_and_path = fs_and_path or default_fs_and_path
+    fs, prefix, _ = _open_store(weights, fs_and_path)
+    listing = list_model(weights, fs_and_path)
+    return headers.largest_remote(fs, [f"{prefix}/{f.key}" for f in listing.weights
+                                       if f.key.endswith(".safetensors")])
+
+
+def set_budget(readers: int, weights: str, total: Optional[int] = None,
+               fs_and_path: Optional[Callable[[str], tuple[Any, str]]] = None) -> Optional[int]:
+    """Give this process's streamer (and the ranks it starts, which inherit the environment)
+    its share of the node's memory for *readers* readers of *weights*; measured after the
+    relay's copy is in place, so the copy and the buffers fit together. Returns the limit set."""
+    room = memory.room(Path("/dev/shm"))
+    usable = room.usable()
+    budget = memory.reader_budget(readers, usable, total=total)
+    if budget is None:
+        return None  # the streamer's default fits: leave it
+    largest = largest_tensor(weights, fs_and_path)
+    budget = memory.reader_budget(readers, usable, largest=largest, total=total)
+    if budget is None:
         return None
-    usable = memory.room(Path("/dev/shm")).usable()
-    share = memory.reader_budget(readers, usable)
-    if share == 0:
+    os.environ[MEMORY_LIMIT] = str(budget)
+    if budget == memory.MINIMAL:
         logger.warning(
-            "ray-runai-shim: this node has %s of memory to spare for %d weight reader(s), less than one "
-            "reader's minimum (%s): the streamer keeps its default; set %s or free memory",
-            human_bytes(usable), readers, human_bytes(memory.MIN_READER_BYTES), MEMORY_LIMIT)
-        return None
-    return share
+            "ray-runai-shim: %s of memory to spare for %d weight reader(s) on this node is less than the largest "
+            "tensor (%s) each: the streamer reads one tensor at a time (%s=0); free memory or set %s (%s)",
+            human_bytes(usable), readers, human_bytes(largest), MEMORY_LIMIT, MEMORY_LIMIT, room.describe())
+    else:
+        (logger.info if readers > 1 else logger.debug)(
+            "ray-runai-shim: streamer memory budget %s per reader (%d reader(s) on this node; %s)",
+            human_bytes(budget), readers, room.describe())
+    return budget
 
 
 def _weights_of(model_config: Any) -> Optional[str]:
@@ -176,30 +227,35 @@ def create_engine_config(original: Callable[..., Any], instance: Any, args: tupl
         return config  # local weights or a hub id: nothing to relay
     readers = readers_on_node(instance)
     os.environ.setdefault(REQUEST_TIMEOUT, REQUEST_TIMEOUT_MS)  # inherited by the engine core and its ranks
-    budget = streamer_budget(instance, readers)
-    if budget is not None:
-        os.environ.setdefault(MEMORY_LIMIT, str(budget))  # the engine core and its ranks inherit it
-        (logger.info if readers > 1 else logger.debug)(
-            "ray-runai-shim: streamer memory budget %s per reader (%d reader(s) on this node); %s",
-                    human_bytes(budget), readers, memory.room(Path("/dev/shm")).describe())
+    got = None
     if not relay_wanted(readers):
         _decided(f"{readers} reader(s) on this node: stream {uri} from the store (relay {node_relay.mode()})")
-        return config
-    if not ranks_all_here(instance):
+    elif not ranks_all_here(instance):
         _decided(f"the ranks of this engine may run on other nodes: each streams {uri} from the store")
         logger.info("ray-runai-shim: not relaying %s: this engine's ranks are not all on this node", uri)
-        return config
-    unsigned = os.environ.get(UNSIGNED) == "1"  # the streamer's spelling of Ray's s3://anonymous@
-    got = node_relay.acquire(join_anonymous(uri) if unsigned else uri)
-    if got is None:
-        _decided(f"{readers} reader(s): the copy does not fit this node; stream {uri} from the store")
-        return config  # does not fit: streams from the store (acquire said so)
-    _decided(f"{readers} reader(s) on this node: {uri} relayed through {got.path}")
-    object.__setattr__(model_config, "model_weights", got.uri)
-    with _lock:
-        _held.append(got)
-    logger.info("ray-runai-shim: %d reader(s) on this node stream %s from the node relay %s", readers, uri, got.path)
+    else:
+        unsigned = os.environ.get(UNSIGNED) == "1"  # the streamer's spelling of Ray's s3://anonymous@
+        got = node_relay.acquire(join_anonymous(uri) if unsigned else uri)
+        if got is None:  # does not fit: streams from the store (acquire said so)
+            _decided(f"{readers} reader(s): the copy does not fit this node; stream {uri} from the store")
+        else:
+            _decided(f"{readers} reader(s) on this node: {uri} relayed through {got.path}")
+            object.__setattr__(model_config, "model_weights", got.uri)
+            with _lock:
+                _held.append(got)
+            logger.info("ray-runai-shim: %d reader(s) on this node stream %s from the node relay %s",
+                        readers, uri, got.path)
+    if not user_memory_limit(instance):
+        _budget_quietly(readers, str(got.path) if got is not None else uri, got.nbytes if got is not None else None)
     return config
+
+
+def _budget_quietly(readers: int, weights: str, total: Optional[int]) -> None:
+    try:
+        set_budget(readers, weights, total)
+    except Exception:  # a budget not set must not stop the engine: the streamer's default stays
+        logger.warning("ray-runai-shim: could not work out the streamer memory budget for %s; the streamer "
+                       "keeps its default limit", weights, exc_info=True)
 
 
 def release_all() -> None:

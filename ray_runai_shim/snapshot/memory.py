@@ -19,9 +19,12 @@ CGROUP = Path("/sys/fs/cgroup")
 HEADROOM_BYTES = 1 << 30
 #: The streamer's own host-memory default per process group (runai-model-streamer 0.17.x).
 STREAMER_DEFAULT_LIMIT = 40 * 10**9
-#: Less than this per reader is not a budget worth setting (the largest tensors of big models
-#: are 1-2 GB): say so, and leave the streamer's default.
-MIN_READER_BYTES = 1 << 30
+#: ``RUNAI_STREAMER_MEMORY_LIMIT=0``: the streamer's own minimal mode, one buffer of its largest
+#: read (one tensor). The least any reader can use; what a share below that largest tensor gets.
+MINIMAL = 0
+#: The floor assumed when the checkpoint's largest tensor is not known (doctor): the embeddings
+#: of 70B-class models are 1-2 GB.
+UNKNOWN_LARGEST_BYTES = 2 << 30
 
 
 def _read_int(path: Path) -> Optional[int]:
@@ -118,10 +121,16 @@ def room(where: Path) -> Room:
     return Room(mem_available(), cgroup_room(), fs_free(where))
 
 
-def reader_budget(readers: int, usable: int) -> Optional[int]:
-    """Each reader's share of *usable* bytes for ``RUNAI_STREAMER_MEMORY_LIMIT``: None when the
-    streamer's default already fits, 0 when a share is below one reader's minimum."""
+def reader_budget(readers: int, usable: int, largest: Optional[int] = None,
+                  total: Optional[int] = None) -> Optional[int]:
+    """``RUNAI_STREAMER_MEMORY_LIMIT`` for each of *readers* sharing *usable* bytes.
+
+    None when the streamer's default already fits (a share of at least 40 GB, or of the whole
+    checkpoint, *total*, which is all the default buffers); the share when it holds the largest
+    tensor (*largest*; :data:`UNKNOWN_LARGEST_BYTES` when not known), since the streamer refuses
+    a limit below it; else :data:`MINIMAL`, one buffer of the largest tensor.
+    """
     share = usable // max(1, readers)
-    if share >= STREAMER_DEFAULT_LIMIT:
+    if share >= STREAMER_DEFAULT_LIMIT or (total is not None and share >= total):
         return None
-    return share if share >= MIN_READER_BYTES else 0
+    return share if share >= (largest or UNKNOWN_LARGEST_BYTES) else MINIMAL

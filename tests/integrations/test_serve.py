@@ -121,6 +121,48 @@ def test_one_info_line_per_replica_says_what_happened(runs, models):
     assert "Ray 2.48.0: Ray Data: " in runs["shim"]["stderr"] and "; Serve LLM: " in runs["shim"]["stderr"]  # the one plan line
 
 
+def serve_with_relay(s3, models, relay: str) -> dict:
+    """One Serve app of ``tiny`` with 2 replicas on this node, the bucket behind a counting proxy."""
+    from support.proxy import CountingProxy
+
+    model = models[MODEL]
+    sandbox = make_sandbox(s3, Path(tempfile.mkdtemp(prefix=f"rrs-svrl{relay[:2]}-", dir="/tmp")))
+    relay_dir = Path(tempfile.mkdtemp(prefix="rrs-relay-", dir="/dev/shm"))
+    try:
+        with CountingProxy(s3.port) as proxy:
+            sandbox.env.update(AWS_ENDPOINT_URL=proxy.endpoint, AWS_ENDPOINT_URL_S3=proxy.endpoint,
+                               RAY_RUNAI_SHIM_RELAY=relay, RAY_RUNAI_SHIM_RELAY_DIR=str(relay_dir))
+            run = deploy(sandbox, [["tiny", model.uri, {"replicas": 2}]], shim=True)
+            run["store_weight_bytes"] = proxy.body_bytes(".safetensors")
+        run["left_in_relay_dir"] = sorted(str(p.relative_to(relay_dir)) for p in relay_dir.rglob("*"))
+        run["weights_on_disk"] = sandbox.weight_bytes_on_disk(model)
+        run["size"] = sum((model.local / w).stat().st_size for w in model.weights)
+        return run
+    finally:
+        shutil.rmtree(sandbox.root, ignore_errors=True)
+        shutil.rmtree(relay_dir, ignore_errors=True)
+
+
+@pytest.mark.engine
+def test_two_replicas_on_a_node_read_the_store_once(s3, models):
+    """``num_replicas=2`` (here min = max = 2): each replica counts its deployment's replicas from
+    Serve's replica context, so the node relays; the store sends S once, both answer the same."""
+    run = serve_with_relay(s3, models, "auto")
+    assert "error" not in run["result"], run["result"].get("error")
+    assert run["store_weight_bytes"] <= 1.05 * run["size"], (run["store_weight_bytes"], run["size"])
+    assert "2 reader(s) on this node stream" in run["worker_logs"]
+    text = completion_text(run["result"]["tiny"])
+    assert text.rstrip("\ufffd") == reference_completion(models[MODEL].local).rstrip("\ufffd")
+    assert run["weights_on_disk"] == [] and run["left_in_relay_dir"] == []
+
+
+@pytest.mark.engine
+@pytest.mark.extended
+def test_control_two_replicas_without_the_relay_read_it_twice(s3, models):
+    run = serve_with_relay(s3, models, "off")
+    assert run["store_weight_bytes"] >= 2 * run["size"], (run["store_weight_bytes"], run["size"])
+
+
 def reference_completion(local: Path) -> str:
     """Greedy continuation by transformers from the original local checkpoint (Serve
     2.48 tokenizes the prompt itself, without special tokens)."""

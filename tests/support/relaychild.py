@@ -4,7 +4,8 @@
 proxy in front of it), ``mode``: ``relay`` (the node relay, then the real streamer on the
 local copy) or ``stream`` (the real streamer straight from the store, as without the relay);
 ``range`` (relay range bytes), ``hold`` (seconds to keep the copy before release),
-``release`` (default true). Prints one JSON line: per-tensor sha256, where the weights came
+``release`` (default true), ``budget`` (the readers on the node: set the streamer's memory
+budget as the engine's process does, after the relay's copy is in place). Prints one JSON line: per-tensor sha256, where the weights came
 from, whether this process fetched, timings.
 """
 
@@ -52,6 +53,12 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
         else:
             result.update(relay=str(got.path), fetched=got.fetched)
             paths = [str(got.path / k) for k in args["weights"]]
+        if args.get("budget"):
+            from ray_runai_shim.integrations.relay import MEMORY_LIMIT, set_budget
+
+            set_budget(int(args["budget"]), str(got.path) if got is not None else args["uri"],
+                       got.nbytes if got is not None else None, fs_and_path)
+            result["memory_limit"] = os.environ.get(MEMORY_LIMIT)
         result["tensors"] = stream_tensors(paths)
         result["ready_s"] = time.monotonic() - t0
         time.sleep(float(args.get("hold", 0)))

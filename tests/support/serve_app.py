@@ -3,7 +3,7 @@
     python serve_app.py '<json: [[model_id, model_source], ...]>' OUT.json
 
 ``model_source`` is a string URI or ``{"bucket_uri": ...}`` (Ray's CloudMirrorConfig
-form). The shim is imported first, exactly as a user would (``RAY_RUNAI_SHIM_DISABLE=1``
+form); an optional third item ``{"replicas": N}`` deploys N replicas of that model. The shim is imported first, exactly as a user would (``RAY_RUNAI_SHIM_DISABLE=1``
 makes that a no-op for control runs). vLLM runs on its CPU backend; the logical
 ``accelerator_type:Intel-GAUDI`` resource keeps Serve's engine config in the replica
 (``use_gpu`` is False for non-NVIDIA types). Writes ``{model_id: response | error}``.
@@ -73,7 +73,8 @@ def _start_serve(port: int) -> None:
 
 
 def main(apps: list, out: str) -> None:
-    ray.init(num_cpus=8, resources={"accelerator_type:Intel-GAUDI": len(apps)}, include_dashboard=False)
+    replicas = [int((app[2] if len(app) > 2 else {}).get("replicas", 1)) for app in apps]
+    ray.init(num_cpus=8, resources={"accelerator_type:Intel-GAUDI": sum(replicas)}, include_dashboard=False)
     configs = [
         LLMConfig(
             model_loading_config={"model_id": model_id, "model_source": source},
@@ -83,9 +84,9 @@ def main(apps: list, out: str) -> None:
             },
             accelerator_type="Intel-GAUDI",
             resources_per_bundle={"CPU": 1},
-            deployment_config={"autoscaling_config": {"min_replicas": 1, "max_replicas": 1}},
+            deployment_config={"autoscaling_config": {"min_replicas": n, "max_replicas": n}},
         )
-        for model_id, source in apps
+        for (model_id, source, *_), n in zip(apps, replicas)
     ]
     port = _port()
     _start_serve(port)
@@ -94,7 +95,7 @@ def main(apps: list, out: str) -> None:
     try:
         serve.run(build_openai_app({"llm_configs": configs}), blocking=False)
         result["deploy_seconds"] = time.perf_counter() - start
-        for model_id, _ in apps:
+        for model_id, *_ in apps:
             result[model_id] = _post(
                 f"http://127.0.0.1:{port}/v1/completions",
                 {"model": model_id, "prompt": PROMPT, "max_tokens": 8, "temperature": 0.0},

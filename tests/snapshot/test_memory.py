@@ -1,0 +1,217 @@
+"""How much memory a node can still give, and the streamer budget under a real memory limit.
+
+The last two tests run four reader processes (the node relay, then the real Run:ai streamer,
+``support/relaychild.py``) inside a memory cgroup this test creates, with a limit that four
+readers at the streamer's default (it buffers the whole checkpoint, up to 40 GB, per reader)
+exceed: the control is killed by the kernel; with the shim's budget the peak stays under the
+limit and every reader gets every tensor; with a limit too small for the relay's copy they
+stream from the store one tensor at a time and say so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from support.fixtures import BUCKET
+from support.procs import base_env
+from support.relaychild import CHILD
+
+from ray_runai_shim.snapshot import memory, relay
+
+MIB = 1 << 20
+TENSOR = 32 * MIB
+
+
+@pytest.fixture(scope="module")
+def model512(s3, models, tmp_path_factory):
+    """A 512 MiB safetensors checkpoint in two shards of 32 MiB tensors (each tensor a different fill)."""
+    import torch
+    from safetensors.torch import save_file
+
+    d = tmp_path_factory.mktemp("mem-model")
+    want, names = {}, []
+    for shard in range(2):
+        tensors = {f"w{shard}.{i}": torch.full((TENSOR // 4,), float(shard * 100 + i)) for i in range(8)}
+        for k, t in tensors.items():
+            want[k] = hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()
+        name = f"model-0000{shard + 1}-of-00002.safetensors"
+        save_file(tensors, str(d / name))
+        names.append(name)
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    client = s3.client()
+    for p in d.iterdir():
+        client.upload_file(str(p), BUCKET, f"mem/m512/{p.name}")
+    size = sum((d / n).stat().st_size for n in names)
+    for n in names:
+        (d / n).unlink()  # only the store keeps them
+    return {"uri": f"s3://{BUCKET}/mem/m512", "weights": names, "bytes": size, "tensors": want}
+
+
+class MemCgroup:
+    """A v1 or v2 memory cgroup under this process's own, with a hard limit; processes are
+    started in it, its peak and OOM kills read back, removed at the end."""
+
+    def __init__(self, limit: int):
+        v2 = memory.CGROUP / "cgroup.controllers"
+        v2_rel, v1_rel = memory._own_paths()
+        name = f"rrs-test-{os.getpid()}-{os.urandom(3).hex()}"
+        if v2.exists():
+            self.dir, self.limit_file, self.peak_file = memory.CGROUP / v2_rel / name, "memory.max", "memory.peak"
+        else:
+            self.dir = memory.CGROUP / "memory" / v1_rel / name
+            self.limit_file, self.peak_file = "memory.limit_in_bytes", "memory.max_usage_in_bytes"
+        try:
+            self.dir.mkdir()
+            (self.dir / self.limit_file).write_text(str(limit))
+        except OSError as e:
+            if self.dir.exists():
+                self.dir.rmdir()
+            pytest.skip(f"no memory cgroup can be created here ({e}); the budget needs a container-style limit")
+        self.limit = limit
+
+    def popen(self, cmd: list[str], env: dict) -> subprocess.Popen:
+        procs = str(self.dir / "cgroup.procs")
+
+        def join() -> None:
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=join)
+
+    def peak(self) -> int:
+        return int((self.dir / self.peak_file).read_text())
+
+    def oom_kills(self) -> int:
+        for name in ("memory.oom_control", "memory.events"):
+            path = self.dir / name
+            if path.exists():
+                for line in path.read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        return 0
+
+    def remove(self) -> None:
+        if self.dir.exists():
+            self.dir.rmdir()
+
+
+@pytest.fixture
+def shm_relay_dir():
+    d = Path(tempfile.mkdtemp(prefix="rrs-mem-test-", dir="/dev/shm"))
+    yield d
+    import shutil
+
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def run_readers(s3, model: dict, relay_dir: Path, cg: MemCgroup, readers: int, budget: bool) -> list[dict]:
+    env = base_env({**s3.env(), relay.RELAY_DIR: str(relay_dir)})
+    env.pop("RUNAI_STREAMER_MEMORY_LIMIT", None)
+    payload = {"uri": model["uri"], "endpoint": s3.endpoint, "weights": model["weights"], "mode": "relay",
+               "hold": 0.5, **({"budget": readers} if budget else {})}
+    procs = [cg.popen([sys.executable, str(CHILD), json.dumps(payload)], env) for _ in range(readers)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+        results.append({"returncode": p.returncode, "stderr": err[-3000:],
+                        **(json.loads(lines[-1]) if lines else {})})
+    return results
+
+
+def test_four_readers_stay_under_a_container_limit_their_defaults_exceed(s3, model512, shm_relay_dir):
+    s = model512["bytes"]
+    limit = 2560 * MIB  # the copy (0.5 GiB) + 4 x 0.5 GiB default buffers + the readers themselves: > 3 GiB
+    cg = MemCgroup(limit)
+    try:
+        results = run_readers(s3, model512, shm_relay_dir, cg, 4, budget=True)
+        peak, kills = cg.peak(), cg.oom_kills()
+    finally:
+        cg.remove()
+    for r in results:
+        assert r["returncode"] == 0 and r.get("tensors") == model512["tensors"], r
+        assert r["relay"] and 32 * MIB <= int(r["memory_limit"]) < s, r  # a share: more than a tensor, less than S
+    assert kills == 0 and peak < limit, (peak, limit)
+    assert sorted(p.name for p in shm_relay_dir.iterdir()) == []  # the last reader freed the copy
+
+    # Control: the same four readers at the streamer's default in the same limit.
+    cg = MemCgroup(limit)
+    try:
+        results = run_readers(s3, model512, shm_relay_dir, cg, 4, budget=False)
+        kills = cg.oom_kills()
+    finally:
+        cg.remove()
+    assert kills >= 1 and any(r["returncode"] != 0 for r in results), [r["returncode"] for r in results]
+
+
+def test_too_small_for_the_copy_streams_from_the_store_one_tensor_at_a_time(s3, model512, shm_relay_dir):
+    limit = 1280 * MIB  # no room for a 0.5 GiB copy plus the 1 GiB headroom
+    cg = MemCgroup(limit)
+    try:
+        results = run_readers(s3, model512, shm_relay_dir, cg, 4, budget=True)
+        peak, kills = cg.peak(), cg.oom_kills()
+    finally:
+        cg.remove()
+    for r in results:
+        assert r["returncode"] == 0 and r.get("tensors") == model512["tensors"], r
+        assert r["relay"] is None and r["memory_limit"] == str(memory.MINIMAL), r
+        lines = [ln for ln in r["stderr"].splitlines() if "ray-runai-shim" in ln]
+        assert any("node relay cannot hold" in ln and "streaming from the store instead" in ln for ln in lines), lines
+        assert any("reads one tensor at a time" in ln for ln in lines), lines
+    assert kills == 0 and peak < limit, (peak, limit)
+    assert list(shm_relay_dir.iterdir()) == []
+
+
+def test_room_reads_the_kernel():
+    r = memory.room(Path("/dev/shm"))
+    assert r.available and r.available > 0 and r.filesystem and r.filesystem > 0
+    assert r.usable() <= min(v for v in (r.available, r.cgroup, r.filesystem) if v is not None)
+
+
+def test_cgroup_limits_are_read_from_v2_and_v1_files(tmp_path):
+    """The tightest limit on the way up from this process's own cgroup, in either version."""
+    v2 = tmp_path / "v2"
+    (v2 / "kubepods" / "pod1").mkdir(parents=True)
+    (v2 / "cgroup.controllers").write_text("memory\n")
+    (v2 / "kubepods" / "memory.max").write_text("8589934592\n")
+    (v2 / "kubepods" / "memory.current").write_text("1073741824\n")
+    (v2 / "kubepods" / "pod1" / "memory.max").write_text("max\n")
+    proc = tmp_path / "cgroup-v2"
+    proc.write_text("0::/kubepods/pod1\n")
+    assert memory.cgroup_room(v2, proc) == 7 << 30  # the parent's limit binds
+    (v2 / "kubepods" / "pod1" / "memory.max").write_text(str(3 << 30))
+    (v2 / "kubepods" / "pod1" / "memory.current").write_text(str(1 << 30))
+    assert memory.cgroup_room(v2, proc) == 2 << 30  # and the pod's own, tighter one
+    (v2 / "kubepods" / "memory.max").write_text("max\n")
+    (v2 / "kubepods" / "pod1" / "memory.max").write_text("max\n")
+    assert memory.cgroup_room(v2, proc) is None
+    v1 = tmp_path / "v1"
+    (v1 / "memory" / "docker" / "c1").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(str((1 << 63) - 4096))  # v1's "no limit"
+    (v1 / "memory" / "docker" / "c1" / "memory.limit_in_bytes").write_text(str(4 << 30))
+    (v1 / "memory" / "docker" / "c1" / "memory.usage_in_bytes").write_text(str(1 << 30))
+    proc1 = tmp_path / "cgroup-v1"
+    proc1.write_text("9:pids:/docker/c1\n4:memory:/docker/c1\n0::/\n")
+    assert memory.cgroup_room(v1, proc1) == 3 << 30
+    (v1 / "memory" / "docker" / "c1" / "memory.limit_in_bytes").write_text(str((1 << 63) - 4096))
+    assert memory.cgroup_room(v1, proc1) is None
+
+
+def test_a_readers_budget_is_its_share_of_the_room():
+    gib = 1 << 30
+    assert memory.reader_budget(1, 200 * gib) is None  # the streamer's 40 GB default fits
+    assert memory.reader_budget(4, 20 * gib, total=4 * gib) is None  # the default buffers the whole 4 GiB: fits
+    assert memory.reader_budget(4, 20 * gib) == 5 * gib
+    assert memory.reader_budget(4, 20 * gib, largest=512 << 20, total=60 * gib) == 5 * gib
+    assert memory.reader_budget(8, 4 * gib, largest=1 * gib) == memory.MINIMAL  # a share below the largest tensor
+    assert memory.reader_budget(8, 4 * gib, largest=256 << 20) == gib // 2
+    assert memory.reader_budget(8, 4 * gib) == memory.MINIMAL  # largest unknown: 2 GiB assumed
