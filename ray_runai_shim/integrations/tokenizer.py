@@ -1,12 +1,15 @@
 """Tokenizer-only downloads (chat-template and tokenize stages, the processor's config read).
 
-On the Ray releases with ray#62047, a tokenizer-only download from an object
-store keeps only keys containing ``tokenizer`` or ``config.json``, so
+On Ray 2.45-2.55 (ray#62047) a tokenizer-only download from an object store
+keeps only keys containing ``tokenizer`` or ``config.json``, so
 ``chat_template.jinja``, ``vocab.json`` + ``merges.txt``, ``special_tokens_map.json``,
 ``added_tokens.json`` and ``*.tiktoken`` never arrive and the chat-template stage
-fails on checkpoints saved by current ``transformers``. The shim answers these
-calls with the same non-weight snapshot the vLLM stage uses (one listing, one
-fetch per node, one lock, one classifier), which holds every one of those files.
+fails on checkpoints saved by current ``transformers``. Ray 2.56-2.60 (ray#62121)
+add ``chat_template`` to that filter and still drop all the others: a GPT-2 style
+(slow BPE) tokenizer fails to load. The shim answers these calls with its
+non-weight snapshot (the one the vLLM stage uses where the shim hands off: one
+listing, one fetch per node, one lock, one classifier), which holds every one of
+those files.
 
 This applies to every ``load_format``: the stages that call it never see the
 engine's format, and the bug breaks non-streaming pipelines just the same.

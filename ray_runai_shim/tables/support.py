@@ -86,15 +86,16 @@ RAY_RANGES: tuple[Range, ...] = (
         (2, 56),
         frozenset({RELAY, ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS, AUX_PULL, PEER_FILES}),
         "the vLLM stage streams all formats natively; tokenizer-only downloads drop "
-        "chat_template.jinja, vocab.json, merges.txt, ... (ray#62047, fixed in 2.56); "
+        "chat_template.jinja, vocab.json, merges.txt, ... (ray#62047); "
         "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open; " + _RACE_WHY + "; " + _PEER_WHY + "; " + _RELAY_WHY,
     ),
     Range(
         (2, 56),
         (2, 61),
-        frozenset({RELAY, ACTIVATION, S3_ANONYMOUS, PEER_FILES}),
-        "the vLLM stage streams all formats natively, but s3://anonymous@ URIs reach vLLM as "
-        "given, which the streamer cannot open; " + _PEER_WHY + "; " + _RELAY_WHY,
+        frozenset({RELAY, ACTIVATION, TOKENIZER, S3_ANONYMOUS, PEER_FILES}),
+        "the vLLM stage streams all formats natively; tokenizer-only downloads keep chat templates "
+        "(ray#62121) but still drop vocab.json, merges.txt, special_tokens_map.json, ...; "
+        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open; " + _PEER_WHY + "; " + _RELAY_WHY,
         needs="vllm",
     ),
 )

@@ -97,10 +97,14 @@ TARGETS: tuple[Target, ...] = (
            unless_has="STREAMING_LOAD_FORMATS", requires=("vLLMEngineStageUDF",)),
     Target(DOWNLOAD, STAGE_MODULE, "download_model_files", "ray_runai_shim.integrations.ray_data:download",
            unless_has="STREAMING_LOAD_FORMATS", requires=("vLLMEngineStageUDF",)),
-    # The tokenizer-only downloads of the chat-template / tokenize stages (ray#62047).
+    # The tokenizer-only downloads of the chat-template / tokenize stages (ray#62047; from 2.56
+    # ray#62121 keeps chat templates, but vocab.json, merges.txt, ... are still dropped).
     Target(TOKENIZER, CHAT_TEMPLATE_STAGE, "download_model_files", "ray_runai_shim.integrations.tokenizer:download"),
     Target(TOKENIZER, TOKENIZE_STAGE, "download_model_files", "ray_runai_shim.integrations.tokenizer:download"),
-    Target(TOKENIZER, PROCESSOR_MODULE, "download_model_files", "ray_runai_shim.integrations.tokenizer:download"),
+    # The processor's config read (telemetry, in the driver). 2.59+ import download_model_files
+    # inside build_vllm_engine_processor, so the module holds no such name: nothing to wrap there.
+    Target(TOKENIZER, PROCESSOR_MODULE, "download_model_files", "ray_runai_shim.integrations.tokenizer:download",
+           if_has="download_model_files"),
     # vLLM < 0.14: the weights URI goes on every config the args build; and vLLM's Ray
     # executor must not re-use Ray's reserved setup-hook variable (ray#61350).
     Target(HANDOFF, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", "ray_runai_shim.integrations.vllm_args:inject_weights"),

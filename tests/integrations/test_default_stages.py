@@ -3,8 +3,9 @@
 ``examples/seed_pipeline.py`` is the ray#55574 script (chat messages; chat-template,
 tokenize, vLLM and detokenize stages), run through real Ray Data actors and the real vLLM
 CPU engine against moto. Two layouts Ray's tokenizer-only download cannot serve
-(ray#62047, fixed in Ray 2.56): the chat template only in ``chat_template.jinja``, and a
-GPT-2 style tokenizer (``vocab.json`` + ``merges.txt``, no ``tokenizer.json``).
+(ray#62047): the chat template only in ``chat_template.jinja`` (kept from Ray 2.56, ray#62121),
+and a GPT-2 style tokenizer (``vocab.json`` + ``merges.txt``, no ``tokenizer.json``; dropped
+through 2.60).
 
 Without the shim Ray fails in its own stages; with it every stage reads the same
 non-weight snapshot, the store is listed once for the whole pipeline, no weight byte

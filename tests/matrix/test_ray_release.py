@@ -33,7 +33,7 @@ PATCHED_NAMES = {
     "worker_init": "ray._private.worker.init",
     # 2.51: appended to in place (every alias sees it); status() reports it with the wrapped names.
     "formats": "ray.llm._internal.common.utils.download_utils.STREAMING_LOAD_FORMATS",
-    # Tokenizer-only downloads (ray#62047, fixed in 2.56.0: read from the wheels).
+    # Tokenizer-only downloads (ray#62047; 2.56's ray#62121 keeps chat templates only: read from the wheels).
     "chat_download": "ray.llm._internal.batch.stages.chat_template_stage.download_model_files",
     "tok_download": "ray.llm._internal.batch.stages.tokenize_stage.download_model_files",
     "proc_download": "ray.llm._internal.batch.processor.vllm_engine_proc.download_model_files",
@@ -41,7 +41,10 @@ PATCHED_NAMES = {
     "relay_stage": f"{STAGE}.vLLMEngineStage.__init__",
 }
 TOKENIZER_NAMES = {"chat_download", "tok_download", "proc_download"}
-TOKENIZER_BUG = (2, 45) <= V < (2, 56)
+# Tokenizer-only downloads drop vocab.json, merges.txt, special_tokens_map.json, ... on 2.45-2.60,
+# and chat_template.jinja too before 2.56 (ray#62121 added "chat_template" to the filter).
+TOKENIZER_BUG = (2, 45) <= V < (2, 61)
+CHAT_TEMPLATE_DROPPED = (2, 45) <= V < (2, 56)
 # Serve LLM hands vLLM the bare model_id for a streaming mirror source (ray#64978, fixed in 2.59);
 # the shim carries itself into the replicas there too.
 SERVE_MIRROR_BUG = (2, 52) <= V < (2, 59)
@@ -55,7 +58,7 @@ elif V == (2, 50):
 elif V == (2, 51):
     ROW, EXPECTED = "sharded-format", {"init", "worker_init", "formats"}
 elif V >= (2, 52):
-    # Tokenizer-only downloads (2.52-2.55), Serve's bare model_id (2.52-2.58) and s3://anonymous@
+    # Tokenizer-only downloads (2.52-2.60), Serve's bare model_id (2.52-2.58) and s3://anonymous@
     # URIs (every release from 2.51, where vLLM is installed) need the shim in the workers.
     ROW, EXPECTED = "none", {"init", "worker_init"}
 else:
@@ -79,6 +82,7 @@ import ray_runai_shim
 import ray
 import {stage} as stage
 import ray.data.llm
+PROC = "ray.llm._internal.batch.processor.vllm_engine_proc"
 try:
     from ray.llm._internal.common.utils import download_utils
 except ImportError:  # Ray 2.43 has no common download module
@@ -116,6 +120,7 @@ print(json.dumps({{
     "restored": {{k: type(after[k]).__name__ for k in after}},
     "formats_after_uninstall": getattr(download_utils, "STREAMING_LOAD_FORMATS", None),
     "has_stage_class": hasattr(stage, "vLLMEngineStage"),
+    "proc_has_download": "download_model_files" in getattr(sys.modules.get(PROC), "__dict__", {{}}),
 }}))
 """
 
@@ -134,6 +139,9 @@ def test_patches_exactly_where_this_release_is_broken(probe):
     expected = {PATCHED_NAMES[k] for k in EXPECTED}
     if V >= (2, 45) and probe["has_stage_class"]:  # every release with the N x S reads (#25)
         expected.add(PATCHED_NAMES["relay_stage"])
+    if TOKENIZER_BUG and not probe["proc_has_download"]:
+        # 2.59+ import download_model_files inside build_vllm_engine_processor: no module name to wrap.
+        expected.discard(PATCHED_NAMES["proc_download"])
     assert set(probe["patched"]) == expected
     VERDICT["patched"] = sorted(probe["patched"])
 
@@ -312,7 +320,13 @@ def test_every_planned_target_exists_on_this_release():
     env = base_env({"RAY_RUNAI_SHIM_TEST_COMPAT": "1", "RAY_RUNAI_SHIM_TEST_SERVE_COMPAT": "1"})
     out = last_json(run_python(TARGETS_PROBE.format(), env=env))
     assert not [n for n, v in out.items() if v == "MISSING"], out
-    assert {n for n, v in out.items() if v == "ok"} >= {PATCHED_NAMES[k] for k in EXPECTED}
+    expected = {PATCHED_NAMES[k] for k in EXPECTED}
+    # 2.59+ (read: 2.59.0, 2.60.0) import download_model_files inside build_vllm_engine_processor.
+    if V >= (2, 59):
+        assert out[PATCHED_NAMES["proc_download"]] == "not in this release", out
+    if out.get(PATCHED_NAMES["proc_download"]) == "not in this release":
+        expected.discard(PATCHED_NAMES["proc_download"])
+    assert {n for n, v in out.items() if v == "ok"} >= expected
     VERDICT["targets"] = out
 
 
@@ -374,11 +388,10 @@ def test_tokenizer_only_download_of_current_checkpoints(s3, layout_models, sandb
     assert not any(f.endswith(".safetensors") for f in files)
     if TOKENIZER_BUG and shim:
         assert missing == set(), files  # served from the non-weight snapshot
-    elif TOKENIZER_BUG:
+    elif CHAT_TEMPLATE_DROPPED:
         assert {"chat_template.jinja", "vocab.json", "merges.txt"} <= missing, files  # ray#62047
     else:
-        # 2.56+ keeps chat templates (ray#62121) but still drops GPT-2 style vocab.json/merges.txt:
-        # recorded as measured; the shim does not patch these releases yet.
+        # 2.56+ keeps chat templates (ray#62121) but still drops GPT-2 style vocab.json/merges.txt.
         assert "chat_template.jinja" not in missing and {"vocab.json", "merges.txt"} <= missing, files
     VERDICT.setdefault("tokenizer_only", {})["shim" if shim else "ray"] = sorted(missing)
 

@@ -34,8 +34,10 @@ from ray_runai_shim.tables.support import (
         ("2.51.2", {RELAY, SHARDED_FORMAT, ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS, AUX_PULL, PEER_FILES}),
         ("2.52.0", {RELAY, ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS, AUX_PULL, PEER_FILES}),
         ("2.55.1", {RELAY, ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS, AUX_PULL, PEER_FILES}),
-        ("2.56.0", {RELAY, ACTIVATION, S3_ANONYMOUS, PEER_FILES}),  # where vLLM is installed (this venv)
-        ("2.60.0", {RELAY, ACTIVATION, S3_ANONYMOUS, PEER_FILES}),
+        # Where vLLM is installed (this venv). Tokenizer-only downloads keep chat templates from 2.56
+        # (ray#62121) but still drop vocab.json, merges.txt, special_tokens_map.json (#27 item 5).
+        ("2.56.0", {RELAY, ACTIVATION, TOKENIZER, S3_ANONYMOUS, PEER_FILES}),
+        ("2.60.0", {RELAY, ACTIVATION, TOKENIZER, S3_ANONYMOUS, PEER_FILES}),
     ],
 )
 def test_plan_per_ray_release(version, patches):
