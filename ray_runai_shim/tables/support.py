@@ -35,11 +35,21 @@ S3_ANONYMOUS = "s3-anonymous"  # map Ray's s3://anonymous@ URIs to the streamer'
 AUX_PULL = "vllm-aux-pull"  # fetch vLLM's non-weight files once per node, locked (vLLM 0.11-0.15 race)
 PEER_FILES = "vllm-peer-files"  # the non-weight files on every node a vLLM worker runs on (vllm#50616)
 RELAY = "node-relay"  # N readers on a node (engines x ranks) read the store once; one streamer memory budget
+OFFLINE = "vllm-offline-uri"  # keep an object-store model out of vLLM's HF_HUB_OFFLINE Hub lookup (vLLM 0.10.2-0.22)
 
 #: vLLM releases whose own pull of the non-weight files wipes and re-creates a shared
 #: directory on every engine config (``rmtree`` + ``makedirs``): engines starting together
 #: on one node race (ray#60681). vLLM 0.16 fixed it (vllm#33604). [low, high), (major, minor).
 VLLM_AUX_PULL_RACE: tuple[tuple[int, int], tuple[int, int]] = ((0, 11), (0, 16))
+#: vLLM releases whose ``EngineArgs.__post_init__``, under ``HF_HUB_OFFLINE=1``, hands every model
+#: and tokenizer to ``get_model_path`` -> ``snapshot_download(repo_id=...)``, object-store URIs
+#: included: ``HFValidationError`` before anything streams. Added in 0.10.2; vLLM 0.23 skips
+#: ``is_cloud_storage`` URIs there. [low, high), (major, minor); 0.10.0/0.10.1 have no such call.
+VLLM_OFFLINE_HUB_LOOKUP: tuple[tuple[int, int], tuple[int, int]] = ((0, 10), (0, 23))
+#: What vLLM 0.23 keeps out of that lookup (``is_cloud_storage``): the object stores it streams from.
+OBJECT_STORE_SCHEMES = ("s3://", "gs://", "az://")
+_OFFLINE_WHY = ("with HF_HUB_OFFLINE=1, vLLM 0.10.2-0.22 look the object-store URI up on the Hub "
+                "(HFValidationError): the shim keeps it out of that lookup")
 _PEER_WHY = ("vLLM's workers on other nodes (tensor/pipeline parallel across nodes) are told a model "
              "directory that exists only where the engine was configured (vllm#50616)")
 _RELAY_WHY = ("every engine and tensor-parallel rank on a node streams the whole checkpoint (N x S from "
@@ -76,26 +86,28 @@ RAY_RANGES: tuple[Range, ...] = (
     Range(
         (2, 51),
         (2, 52),
-        frozenset({RELAY, SHARDED_FORMAT, ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS, AUX_PULL, PEER_FILES}),
+        frozenset({RELAY, SHARDED_FORMAT, ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS, AUX_PULL, PEER_FILES,
+                   OFFLINE}),
         "the vLLM stage streams runai_streamer/tensorizer but not runai_streamer_sharded; "
         "tokenizer-only downloads drop chat_template.jinja, vocab.json, ... (ray#62047); "
-        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open; " + _RACE_WHY + "; " + _PEER_WHY + "; " + _RELAY_WHY,
+        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open; " + _RACE_WHY + "; " + _PEER_WHY + "; " + _RELAY_WHY + "; " + _OFFLINE_WHY,
     ),
     Range(
         (2, 52),
         (2, 56),
-        frozenset({RELAY, ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS, AUX_PULL, PEER_FILES}),
+        frozenset({RELAY, ACTIVATION, RUNTIME_ENV, TOKENIZER, S3_ANONYMOUS, AUX_PULL, PEER_FILES, OFFLINE}),
         "the vLLM stage streams all formats natively; tokenizer-only downloads drop "
         "chat_template.jinja, vocab.json, merges.txt, ... (ray#62047); "
-        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open; " + _RACE_WHY + "; " + _PEER_WHY + "; " + _RELAY_WHY,
+        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open; " + _RACE_WHY + "; " + _PEER_WHY + "; " + _RELAY_WHY + "; " + _OFFLINE_WHY,
     ),
     Range(
         (2, 56),
         (2, 61),
-        frozenset({RELAY, ACTIVATION, TOKENIZER, S3_ANONYMOUS, PEER_FILES}),
+        frozenset({RELAY, ACTIVATION, TOKENIZER, S3_ANONYMOUS, PEER_FILES, OFFLINE}),
         "the vLLM stage streams all formats natively; tokenizer-only downloads keep chat templates "
         "(ray#62121) but still drop vocab.json, merges.txt, special_tokens_map.json, ...; "
-        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open; " + _PEER_WHY + "; " + _RELAY_WHY,
+        "s3://anonymous@ URIs reach vLLM as given, which the streamer cannot open; " + _PEER_WHY + "; " + _RELAY_WHY
+        + "; " + _OFFLINE_WHY,
         needs="vllm",
     ),
 )
@@ -200,6 +212,11 @@ def is_streaming_format(value: object) -> bool:
 
 
 REMOTE_SCHEMES = ("s3://", "gs://")
+
+
+def is_object_store_uri(model: object) -> bool:
+    """What vLLM 0.23's ``is_cloud_storage`` says (any case): an ``s3://``/``gs://``/``az://`` URI."""
+    return isinstance(model, str) and model.lower().startswith(OBJECT_STORE_SCHEMES)
 
 
 def is_remote_uri(model: object) -> bool:

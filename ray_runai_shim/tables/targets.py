@@ -26,6 +26,7 @@ from .support import (
     DOWNLOAD,
     ENDPOINT,
     HANDOFF,
+    OFFLINE,
     PEER_FILES,
     RELAY,
     RUNTIME_ENV,
@@ -37,6 +38,7 @@ from .support import (
     SHARDED_FORMAT,
     TOKENIZER,
     VLLM_AUX_PULL_RACE,
+    VLLM_OFFLINE_HUB_LOOKUP,
 )
 
 STAGE_MODULE = "ray.llm._internal.batch.stages.vllm_engine_stage"
@@ -116,6 +118,12 @@ TARGETS: tuple[Target, ...] = (
     # (ray#60681). After s3-anonymous in this table, so it wraps outside it and sees Ray's URI.
     Target(AUX_PULL, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", "ray_runai_shim.integrations.aux_pull:create_engine_config",
            only_for=("vllm", *VLLM_AUX_PULL_RACE)),
+    # vLLM 0.10.2-0.22 with HF_HUB_OFFLINE=1: EngineArgs.__post_init__ hands the model (and tokenizer) to
+    # the module's own get_model_path, a Hub snapshot_download for anything not on disk: an object-store
+    # URI fails there (HFValidationError) before anything streams. vLLM 0.23 skips cloud URIs; 0.10.0/0.10.1
+    # hold no such name (if_has).
+    Target(OFFLINE, VLLM_ARG_UTILS, "get_model_path", "ray_runai_shim.integrations.offline:get_model_path",
+           only_for=("vllm", *VLLM_OFFLINE_HUB_LOOKUP), if_has="get_model_path"),
     # Every reader on a node (engines x TP/PP ranks) streams the whole checkpoint: relay it through
     # node memory, read once; one streamer memory budget per node. Outermost on create_engine_config
     # (after the handoffs above), so it sees the weights URI vLLM will stream; released once loaded.

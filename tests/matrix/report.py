@@ -172,7 +172,7 @@ def _vkey(path: Path) -> tuple[int, ...]:
 
 
 def _race(v: dict) -> bool:
-    return "control" in (v.get("checks") or {}) or v.get("tests") == "vllm_race"
+    return "control" in (v.get("checks") or {}) or "vllm_race" in (v.get("tests") or "").split("+")
 
 
 def vllm_table() -> str:
@@ -233,6 +233,34 @@ def race_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _streamed(checks: dict, key: str) -> str:
+    r = checks.get(key) or {}
+    return f"{r['tensors_equal']}/{r['tensors']} equal" if r.get("tensors") else (r.get("error") or "—")[:80]
+
+
+def offline_table() -> str:
+    """vLLM 0.10.2-0.22 under HF_HUB_OFFLINE=1 (tests/matrix/vllm_offline/): the Hub lookup of an s3:// model."""
+    runs = [v for v in (json.loads(p.read_text()) for p in sorted(RESULTS.glob("vllm-*.json"), key=_vkey))
+            if "offline_control" in (v.get("checks") or {})]
+    if not runs:
+        return "not run\n"
+    lines = [
+        "| vLLM | driven by Ray | `EngineArgs(model=s3://…)` without the shim | with the shim: tensors streamed "
+        "| the offline fix alone (vLLM pulls): tensors streamed | result |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v in runs:
+        c = v.get("checks") or {}
+        ctl = c.get("offline_control") or {}
+        frame = next((f for f in ctl.get("frames") or [] if "get_model_path" in f), "")
+        err = (ctl.get("error") or "—").split(":")[0].rsplit(".", 1)[-1]
+        lines.append(
+            f"| {v['vllm']} | {v.get('ray', '')} | {err} (`{frame.split(' ')[0]}`) | {_streamed(c, 'offline_with_shim')} "
+            f"| {_streamed(c, 'offline_vllm_pull')} | {'pass' if v.get('passed') else '**FAIL**'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def oracle_table() -> str:
     path = RESULTS / "oracle.json"
     if not path.exists():
@@ -250,7 +278,8 @@ def oracle_table() -> str:
     return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {val} |" for k, val in rows) + "\n"
 
 
-BLOCKS = {"ray": ray_table, "vllm": vllm_table, "race": race_table, "oracle": oracle_table}
+BLOCKS = {"ray": ray_table, "vllm": vllm_table, "race": race_table, "offline": offline_table,
+          "oracle": oracle_table}
 #: The docs page that holds the ``matrix:`` blocks (``--docs docs/`` means this file in that folder).
 PAGE = "compatibility.md"
 

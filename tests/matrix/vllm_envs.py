@@ -31,7 +31,9 @@ CUDA wheel installed ``--no-deps`` over the base venv's CPU torch 2.13 imports
 vLLM 0.13.0 and 0.15.1 (paired with Ray 2.53.0 and 2.54.1, whose stage hands vLLM
 the URI) run ``tests/matrix/vllm_race/`` instead: vLLM 0.11-0.15's own pull of the non-weight
 files races between engines on one node (ray#60681), and the shim's
-``vllm-aux-pull`` patch removes the race (:data:`TESTS`).
+``vllm-aux-pull`` patch removes the race (:data:`TESTS`); and ``tests/matrix/vllm_offline/``:
+with ``HF_HUB_OFFLINE=1`` vLLM 0.10.2-0.22 turn an ``s3://`` model into a Hub lookup, which the
+shim's ``vllm-offline-uri`` patch keeps the URI out of.
 
 Verdicts: ``.matrix/results/vllm-<ver>.json``. Exit status 1 when the test fails.
 """
@@ -58,6 +60,7 @@ MATRIX = REPO / ".matrix"
 RESULTS = MATRIX / "results"
 TEST_DIR = REPO / "tests" / "matrix" / "vllm_handoff"
 RACE_DIR = REPO / "tests" / "matrix" / "vllm_race"
+OFFLINE_DIR = REPO / "tests" / "matrix" / "vllm_offline"
 TEST_CACHE = MATRIX / "test-cache"  # the tiny models, built once with the base venv
 
 _HUB = ("tokenizers==0.21.4", "huggingface_hub==0.34.4", "gguf==0.17.1")
@@ -73,8 +76,9 @@ RAY_FOR: dict[str, str] = {
     "0.13.0": "2.53.0",  # Ray 2.53 (vllm>=0.12.0): vLLM pulls; no EngineArgs.model_weights yet
     "0.15.1": "2.54.1",  # Ray 2.54 (vllm>=0.15.0): vLLM pulls the non-weight files itself
 }
-#: vLLM release -> the tests its layer runs (the handoff unless named here).
-TESTS: dict[str, Path] = {"0.13.0": RACE_DIR, "0.15.1": RACE_DIR}
+#: vLLM release -> the tests its layer runs (the handoff unless named here). vLLM 0.10.2-0.22 also
+#: turn an object-store model into a Hub lookup under HF_HUB_OFFLINE=1 (#27 item 6): vllm_offline/.
+TESTS: dict[str, tuple[Path, ...]] = {"0.13.0": (RACE_DIR, OFFLINE_DIR), "0.15.1": (RACE_DIR, OFFLINE_DIR)}
 #: vLLM release -> what its layer installs with --no-deps (transformers: that release's era).
 PINS: dict[str, tuple[str, ...]] = {
     "0.8.5": ("vllm==0.8.5", "transformers==4.51.3", *_HUB),
@@ -278,7 +282,8 @@ def run(version: str, rebuild: bool = False) -> dict[str, Any]:
             "TMPDIR": str(root / "tmp"), "RRS_VLLM_DETAILS": str(details), "RRS_VLLM_SANDBOX": str(root),
         })
         proc = subprocess.run(
-            [str(python_path(version)), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", str(TESTS.get(version, TEST_DIR))],
+            [str(python_path(version)), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+             *map(str, TESTS.get(version, (TEST_DIR,)))],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=1800,
         )
         verdict["test_seconds"] = round(time.perf_counter() - start, 1)
@@ -292,10 +297,10 @@ def run(version: str, rebuild: bool = False) -> dict[str, Any]:
             verdict["error"] = "\n".join(errors[:20]) or f"pytest exit status {proc.returncode}"
         if details.exists():
             verdict["checks"] = json.loads(details.read_text())
-            if TESTS.get(version, TEST_DIR) == TEST_DIR:
+            if version not in TESTS:
                 verdict["summary"] = summarize(verdict["checks"])
             else:
-                verdict["tests"] = TESTS[version].name
+                verdict["tests"] = "+".join(d.name for d in TESTS[version])
     out.write_text(json.dumps(verdict, indent=1, sort_keys=False))
     return verdict
 

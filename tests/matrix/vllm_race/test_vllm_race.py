@@ -59,7 +59,8 @@ def node(s3, tmp_path):
     root = Path(tempfile.mkdtemp(prefix="rrs-race-", dir="/tmp"))
     for d in ("home", "hf", "cache", "tmp", "sync"):
         (root / d).mkdir()
-    # No HF_HUB_OFFLINE: vLLM 0.14-0.22's EngineArgs turn an s3:// model into a Hub lookup under it.
+    # No HF_HUB_OFFLINE: vLLM 0.10.2-0.22's EngineArgs turn an s3:// model into a Hub lookup under it
+    # (the shim's vllm-offline-uri fixes that; tests/matrix/vllm_offline/). Here: the race alone.
     env = {**{k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}, **s3.env(),
            "HOME": str(root / "home"), "HF_HOME": str(root / "hf"), "XDG_CACHE_HOME": str(root / "cache"),
            "TMPDIR": str(root / "tmp")}
