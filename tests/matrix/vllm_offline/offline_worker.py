@@ -18,7 +18,9 @@ import sys
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: support.*
+REPO = Path(__file__).resolve().parents[3]
+# This checkout's shim (not whichever one the base venv's editable install points at) and tests/ (support.*).
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 
 def main(argv: list[str]) -> int:
