@@ -175,8 +175,13 @@ def _race(v: dict) -> bool:
     return "control" in (v.get("checks") or {}) or "vllm_race" in (v.get("tests") or "").split("+")
 
 
+def _other_tests(v: dict) -> bool:
+    """A layer that ran its own tests (the race, the offline lookup), not the handoff."""
+    return _race(v) or bool(v.get("tests")) or "offline_control" in (v.get("checks") or {})
+
+
 def vllm_table() -> str:
-    paths = [p for p in sorted(RESULTS.glob("vllm-*.json"), key=_vkey) if not _race(json.loads(p.read_text()))]
+    paths = [p for p in sorted(RESULTS.glob("vllm-*.json"), key=_vkey) if not _other_tests(json.loads(p.read_text()))]
     if not paths:
         return "not run\n"
     lines = [
