@@ -55,7 +55,12 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
             result.update(relay=str(got.path), fetched=got.fetched)
             paths = [str(got.path / k) for k in args["weights"]]
         if args.get("budget"):
-            from ray_runai_shim.integrations.relay import MEMORY_LIMIT, REQUEST_TIMEOUT, REQUEST_TIMEOUT_MS, set_budget
+            from ray_runai_shim.integrations.relay import (
+                MEMORY_LIMIT,
+                REQUEST_TIMEOUT,
+                REQUEST_TIMEOUT_MS,
+                set_budget,
+            )
 
             os.environ.setdefault(REQUEST_TIMEOUT, REQUEST_TIMEOUT_MS)  # as the engine's process sets it first
             set_budget(int(args["budget"]), str(got.path) if got is not None else args["uri"],
