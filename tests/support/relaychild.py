@@ -63,8 +63,7 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
             )
 
             os.environ.setdefault(REQUEST_TIMEOUT, REQUEST_TIMEOUT_MS)  # as the engine's process sets it first
-            set_budget(int(args["budget"]), str(got.path) if got is not None else args["uri"],
-                       got.nbytes if got is not None else None, fs_and_path)
+            set_budget(int(args["budget"]), str(got.path) if got is not None else args["uri"], fs_and_path)
             result["memory_limit"] = os.environ.get(MEMORY_LIMIT)
         result["tensors"] = stream_tensors(paths)
         result["ready_s"] = time.monotonic() - t0
