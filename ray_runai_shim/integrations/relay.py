@@ -168,30 +168,39 @@ def user_memory_limit(engine_args: Any) -> bool:
     return bool(os.environ.get(MEMORY_LIMIT)) or _extra(engine_args).get("memory_limit") is not None
 
 
-def largest_tensor(weights: str, fs_and_path: Optional[Callable[[str], tuple[Any, str]]] = None) -> int:
-    """The largest tensor of the checkpoint at *weights* (the relay's local copy, or the store)."""
+FsAndPath = Optional[Callable[[str], tuple[Any, str]]]
+
+
+def _checkpoint(weights: str, fs_and_path: FsAndPath) -> tuple[int, Callable[[], int]]:
+    """(weight bytes, a call giving the largest tensor) of the checkpoint at *weights*: the
+    relay's local copy, or the store (one listing; the headers only when asked)."""
     if not is_remote_uri(weights):
-        return headers.largest_local(sorted(Path(weights).rglob("*.safetensors")))
+        files = sorted(Path(weights).rglob("*.safetensors"))
+        return sum(f.stat().st_size for f in files), lambda: headers.largest_local(files)
     from ..snapshot.fetch import _open_store, default_fs_and_path, list_model
 
     fs_and_path = fs_and_path or default_fs_and_path
     fs, prefix, _ = _open_store(weights, fs_and_path)
     listing = list_model(weights, fs_and_path)
-    return headers.largest_remote(fs, [f"{prefix}/{f.key}" for f in listing.weights
-                                       if f.key.endswith(".safetensors")])
+    keys = [f"{prefix}/{f.key}" for f in listing.weights if f.key.endswith(".safetensors")]
+    return listing.weight_bytes, lambda: headers.largest_remote(fs, keys)
 
 
-def set_budget(readers: int, weights: str, total: Optional[int] = None,
-               fs_and_path: Optional[Callable[[str], tuple[Any, str]]] = None) -> Optional[int]:
+def set_budget(readers: int, weights: str, fs_and_path: FsAndPath = None) -> Optional[int]:
     """Give this process's streamer (and the ranks it starts, which inherit the environment)
     its share of the node's memory for *readers* readers of *weights*; measured after the
-    relay's copy is in place, so the copy and the buffers fit together. Returns the limit set."""
+    relay's copy is in place, so the copy and the buffers fit together. One reader alone keeps
+    the streamer's default (as without the shim: no request, no setting). Returns the limit set."""
+    if readers < 2:
+        return None
     room = memory.room(Path("/dev/shm"))
     usable = room.usable()
-    budget = memory.reader_budget(readers, usable, total=total)
-    if budget is None:
-        return None  # the streamer's default fits: leave it
-    largest = largest_tensor(weights, fs_and_path)
+    if memory.reader_budget(readers, usable) is None:
+        return None  # 40 GB each fits: nothing to read
+    total, largest_of = _checkpoint(weights, fs_and_path)
+    if memory.reader_budget(readers, usable, total=total) is None:
+        return None  # the default buffers the whole checkpoint, and that fits
+    largest = largest_of()
     budget = memory.reader_budget(readers, usable, largest=largest, total=total)
     if budget is None:
         return None
@@ -202,9 +211,8 @@ def set_budget(readers: int, weights: str, total: Optional[int] = None,
             "tensor (%s) each: the streamer reads one tensor at a time (%s=0); free memory or set %s (%s)",
             human_bytes(usable), readers, human_bytes(largest), MEMORY_LIMIT, MEMORY_LIMIT, room.describe())
     else:
-        (logger.info if readers > 1 else logger.debug)(
-            "ray-runai-shim: streamer memory budget %s per reader (%d reader(s) on this node; %s)",
-            human_bytes(budget), readers, room.describe())
+        logger.info("ray-runai-shim: streamer memory budget %s per reader (%d readers on this node; %s)",
+                    human_bytes(budget), readers, room.describe())
     return budget
 
 
@@ -246,13 +254,13 @@ def create_engine_config(original: Callable[..., Any], instance: Any, args: tupl
             logger.info("ray-runai-shim: %d reader(s) on this node stream %s from the node relay %s",
                         readers, uri, got.path)
     if not user_memory_limit(instance):
-        _budget_quietly(readers, str(got.path) if got is not None else uri, got.nbytes if got is not None else None)
+        _budget_quietly(readers, str(got.path) if got is not None else uri)
     return config
 
 
-def _budget_quietly(readers: int, weights: str, total: Optional[int]) -> None:
+def _budget_quietly(readers: int, weights: str) -> None:
     try:
-        set_budget(readers, weights, total)
+        set_budget(readers, weights)
     except Exception:  # a budget not set must not stop the engine: the streamer's default stays
         logger.warning("ray-runai-shim: could not work out the streamer memory budget for %s; the streamer "
                        "keeps its default limit", weights, exc_info=True)

@@ -8,17 +8,14 @@ with it; greedy decoding must give the same tokens both ways.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import ray
 from support.fixtures import BUCKET, make_sandbox
-from support.procs import REPO
+from support.pipeline import run_example
 
 from ray_runai_shim.tables.support import parse_version
 
@@ -29,27 +26,6 @@ MODEL = "tiny-sharded"
 # Ray 2.50 already skips *.safetensors but still hands vLLM the (now weightless) local
 # copy, so there the control fails to load and the token reference is a plain full load.
 RAY_DROPS_WEIGHTS = parse_version(ray.__version__)[:2] == (2, 50)
-
-
-def run_example(sandbox, uri: str, shim: bool, load_format: str = "runai_streamer", check: bool = True) -> dict:
-    env = dict(sandbox.env)
-    if not shim:
-        env.update(RAY_RUNAI_SHIM_DISABLE="1", RAY_RUNAI_SHIM_TEST_ENDPOINT_ADAPTER="1")
-    out = sandbox.root / "rows.json"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "stream_from_s3.py"), uri, "--cpu", "--json", str(out),
-         "--load-format", load_format],
-        env=env,
-        cwd=str(sandbox.root),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    logs = "\n".join(p.read_text(errors="replace") for p in sandbox.root.glob("tmp/ray/session_2*/logs/worker-*"))
-    if not check and proc.returncode != 0:
-        return {"rows": None, "stderr": proc.stderr, "worker_logs": logs}
-    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
-    return {"rows": json.loads(out.read_text())["rows"], "stderr": proc.stderr, "worker_logs": logs}
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 from matrix import oracle_env
 from support.fixtures import BUCKET, make_sandbox
-from test_pipeline import run_example
+from support.pipeline import run_example
 
 pytestmark = pytest.mark.engine
 MODEL = "tiny-sharded"

@@ -18,10 +18,10 @@ import pytest
 import ray
 from support.diskscan import find_weight_bytes
 from support.fixtures import BUCKET, CACHE, make_sandbox
+from support.pipeline import run_example
 from support.procs import REPO
 from support.sharded_state import build_sharded_state
 from support.tiny_model import build_tiny_model, upload_dir, weight_files
-from test_pipeline import run_example
 
 from ray_runai_shim.tables.support import SHARDED_FORMAT, plan_for
 

@@ -26,32 +26,43 @@ from support.relaychild import CHILD
 from ray_runai_shim.snapshot import memory, relay
 
 MIB = 1 << 20
-TENSOR = 32 * MIB
+TENSOR = 128 * MIB
 
 
-@pytest.fixture(scope="module")
-def model512(s3, models, tmp_path_factory):
-    """A 512 MiB safetensors checkpoint in two shards of 32 MiB tensors (each tensor a different fill)."""
+def upload_model(s3, d: Path, prefix: str, shards: list[int]) -> dict:
+    """A safetensors checkpoint of 128 MiB tensors (``shards[i]`` in shard i, each tensor a
+    different fill) in the bucket under *prefix*; only the store keeps the weights."""
     import torch
     from safetensors.torch import save_file
 
-    d = tmp_path_factory.mktemp("mem-model")
     want, names = {}, []
-    for shard in range(2):
-        tensors = {f"w{shard}.{i}": torch.full((TENSOR // 4,), float(shard * 100 + i)) for i in range(8)}
+    for shard, count in enumerate(shards):
+        tensors = {f"w{shard}.{i}": torch.full((TENSOR // 4,), float(shard * 100 + i)) for i in range(count)}
         for k, t in tensors.items():
             want[k] = hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()
-        name = f"model-0000{shard + 1}-of-00002.safetensors"
+        name = f"model-{shard + 1:05d}-of-{len(shards):05d}.safetensors"
         save_file(tensors, str(d / name))
         names.append(name)
     (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     client = s3.client()
     for p in d.iterdir():
-        client.upload_file(str(p), BUCKET, f"mem/m512/{p.name}")
+        client.upload_file(str(p), BUCKET, f"{prefix}/{p.name}")
     size = sum((d / n).stat().st_size for n in names)
     for n in names:
-        (d / n).unlink()  # only the store keeps them
-    return {"uri": f"s3://{BUCKET}/mem/m512", "weights": names, "bytes": size, "tensors": want}
+        (d / n).unlink()
+    return {"uri": f"s3://{BUCKET}/{prefix}", "weights": names, "bytes": size, "tensors": want}
+
+
+@pytest.fixture(scope="module")
+def model768(s3, models, tmp_path_factory):
+    """768 MiB: two shards of three 128 MiB tensors."""
+    return upload_model(s3, tmp_path_factory.mktemp("mem768"), "mem/m768", [3, 3])
+
+
+@pytest.fixture(scope="module")
+def model256(s3, models, tmp_path_factory):
+    """256 MiB: one shard of two 128 MiB tensors."""
+    return upload_model(s3, tmp_path_factory.mktemp("mem256"), "mem/m256", [2])
 
 
 class MemCgroup:
@@ -128,41 +139,42 @@ def run_readers(s3, model: dict, relay_dir: Path, cg: MemCgroup, readers: int, b
     return results
 
 
-def test_four_readers_stay_under_a_container_limit_their_defaults_exceed(s3, model512, shm_relay_dir):
-    s = model512["bytes"]
-    limit = 2560 * MIB  # the copy (0.5 GiB) + 4 x 0.5 GiB default buffers + the readers themselves: > 3 GiB
+def test_four_readers_stay_under_a_container_limit_their_defaults_exceed(s3, model768, shm_relay_dir):
+    s = model768["bytes"]
+    limit = 3 * 1024 * MIB  # four default buffers alone are 4 x 0.75 GiB, and the copy adds 0.75 GiB
     cg = MemCgroup(limit)
     try:
-        results = run_readers(s3, model512, shm_relay_dir, cg, 4, budget=True)
+        results = run_readers(s3, model768, shm_relay_dir, cg, 4, budget=True)
         peak, kills = cg.peak(), cg.oom_kills()
     finally:
         cg.remove()
     for r in results:
-        assert r["returncode"] == 0 and r.get("tensors") == model512["tensors"], r
-        assert r["relay"] and 32 * MIB <= int(r["memory_limit"]) < s, r  # a share: more than a tensor, less than S
+        assert r["returncode"] == 0 and r.get("tensors") == model768["tensors"], r
+        assert r["relay"] and TENSOR <= int(r["memory_limit"]) < s, r  # a share: a tensor or more, less than S
     assert kills == 0 and peak < limit, (peak, limit)
     assert sorted(p.name for p in shm_relay_dir.iterdir()) == []  # the last reader freed the copy
 
     # Control: the same four readers at the streamer's default in the same limit.
     cg = MemCgroup(limit)
     try:
-        results = run_readers(s3, model512, shm_relay_dir, cg, 4, budget=False)
+        results = run_readers(s3, model768, shm_relay_dir, cg, 4, budget=False)
         kills = cg.oom_kills()
     finally:
         cg.remove()
     assert kills >= 1 and any(r["returncode"] != 0 for r in results), [r["returncode"] for r in results]
 
 
-def test_too_small_for_the_copy_streams_from_the_store_one_tensor_at_a_time(s3, model512, shm_relay_dir):
-    limit = 1280 * MIB  # no room for a 0.5 GiB copy plus the 1 GiB headroom
+def test_too_small_for_the_copy_streams_from_the_store_one_tensor_at_a_time(s3, model256, shm_relay_dir):
+    """Two readers (the rule is the same for four; two keep the store traffic small)."""
+    limit = 1280 * MIB  # no room for the 256 MiB copy on top of the 1 GiB headroom; a share below one tensor
     cg = MemCgroup(limit)
     try:
-        results = run_readers(s3, model512, shm_relay_dir, cg, 4, budget=True)
+        results = run_readers(s3, model256, shm_relay_dir, cg, 2, budget=True)
         peak, kills = cg.peak(), cg.oom_kills()
     finally:
         cg.remove()
     for r in results:
-        assert r["returncode"] == 0 and r.get("tensors") == model512["tensors"], r
+        assert r["returncode"] == 0 and r.get("tensors") == model256["tensors"], r
         assert r["relay"] is None and r["memory_limit"] == str(memory.MINIMAL), r
         lines = [ln for ln in r["stderr"].splitlines() if "ray-runai-shim" in ln]
         assert any("node relay cannot hold" in ln and "streaming from the store instead" in ln for ln in lines), lines

@@ -30,7 +30,8 @@ def stream_tensors(paths: list[str]) -> dict[str, str]:
     with SafetensorsStreamer() as streamer:
         streamer.stream_files(paths)
         for name, tensor in streamer.get_tensors():
-            out[name] = hashlib.sha256(tensor.contiguous().view(-1).view(dtype=torch.uint8).numpy().tobytes()).hexdigest()
+            # the buffer itself, not a copy of it: a reader's memory is what the tests measure
+            out[name] = hashlib.sha256(tensor.contiguous().view(-1).view(dtype=torch.uint8).numpy().data).hexdigest()
     return out
 
 
@@ -54,10 +55,15 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
             result.update(relay=str(got.path), fetched=got.fetched)
             paths = [str(got.path / k) for k in args["weights"]]
         if args.get("budget"):
-            from ray_runai_shim.integrations.relay import MEMORY_LIMIT, set_budget
+            from ray_runai_shim.integrations.relay import (
+                MEMORY_LIMIT,
+                REQUEST_TIMEOUT,
+                REQUEST_TIMEOUT_MS,
+                set_budget,
+            )
 
-            set_budget(int(args["budget"]), str(got.path) if got is not None else args["uri"],
-                       got.nbytes if got is not None else None, fs_and_path)
+            os.environ.setdefault(REQUEST_TIMEOUT, REQUEST_TIMEOUT_MS)  # as the engine's process sets it first
+            set_budget(int(args["budget"]), str(got.path) if got is not None else args["uri"], fs_and_path)
             result["memory_limit"] = os.environ.get(MEMORY_LIMIT)
         result["tensors"] = stream_tensors(paths)
         result["ready_s"] = time.monotonic() - t0
