@@ -251,8 +251,8 @@ def offline_table() -> str:
         return "not run\n"
     lines = [
         "| vLLM | driven by Ray | `EngineArgs(model=s3://…)` without the shim | with the shim: tensors streamed "
-        "| the offline fix alone (vLLM pulls): tensors streamed | result |",
-        "|---|---|---|---|---|---|",
+        "| result |",
+        "|---|---|---|---|---|",
     ]
     for v in runs:
         c = v.get("checks") or {}
@@ -261,7 +261,7 @@ def offline_table() -> str:
         err = (ctl.get("error") or "—").split(":")[0].rsplit(".", 1)[-1]
         lines.append(
             f"| {v['vllm']} | {v.get('ray', '')} | {err} (`{frame.split(' ')[0]}`) | {_streamed(c, 'offline_with_shim')} "
-            f"| {_streamed(c, 'offline_vllm_pull')} | {'pass' if v.get('passed') else '**FAIL**'} |"
+            f"| {'pass' if v.get('passed') else '**FAIL**'} |"
         )
     return "\n".join(lines) + "\n"
 

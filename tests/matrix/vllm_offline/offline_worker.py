@@ -3,11 +3,10 @@
 A fresh process per case: ``huggingface_hub`` reads ``HF_HUB_OFFLINE`` once, at import.
 Ray is imported first, as in a Ray actor (the shim's tables key on Ray's version).
 
-    python offline_worker.py <uri> <none|shim|offline-only> <out.json> <local weight file>...
+    python offline_worker.py <uri> <none|shim> <out.json> <local weight file>...
 
 ``none``: this vLLM alone. ``shim``: ``ray_runai_shim.install()``, every patch this Ray and vLLM
-get. ``offline-only``: only the shim's ``vllm-offline-uri`` wrapper, applied by hand, so vLLM
-pulls the non-weight files itself (the route of vLLM 0.16-0.22, where no aux-pull handoff runs).
+get. (The wrapper alone cannot be tried here: importing the shim activates all of them.)
 Each stage is recorded; the first exception ends the run with its type, message and frames.
 """
 
@@ -35,12 +34,6 @@ def main(argv: list[str]) -> int:
         ray_runai_shim.install()
     import vllm.engine.arg_utils as au
 
-    if mode == "offline-only":
-        from ray_runai_shim import registry
-        from ray_runai_shim.integrations import offline
-        from ray_runai_shim.tables.support import OFFLINE
-
-        registry.wrap(OFFLINE, f"{au.__name__}.get_model_path", au, "get_model_path", offline.get_model_path)
     if mode == "shim":
         result["patched"] = ray_runai_shim.status()["patched"]
     try:

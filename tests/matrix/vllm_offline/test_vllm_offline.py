@@ -107,18 +107,3 @@ def test_with_the_shim_the_uri_stays_and_the_weights_stream(s3, models, node):
     weight_gets = {p for p in get_counts(s3, mark) if p.endswith(".safetensors")}
     assert weight_gets, "the weights were streamed from the store"
     assert find_weight_bytes([root], model.weight_paths()) == []
-
-
-def test_the_offline_wrapper_alone_lets_vllm_pull_and_stream_itself(s3, models, node):
-    """The route of vLLM 0.16-0.22 (no aux-pull handoff there): vLLM's own pull, offline."""
-    root, env = node
-    model = models["tiny"]
-    res = run(root, env, model, "offline-only")
-    record("offline_vllm_pull", {k: res.get(k) for k in ("stages", "error", "model", "model_weights", "tensors",
-                                                         "tensors_equal", "tensors_expected")})
-    assert res.get("error") is None, res
-    assert res["args_model"] == model.uri
-    pulled = root / "cache" / "vllm" / "assets" / "model_streamer"
-    assert str(res["model"]).startswith(str(pulled)), res  # vLLM's own pull dir
-    assert res["tensors"] == res["tensors_equal"] == res["tensors_expected"] > 0, res
-    assert find_weight_bytes([root], model.weight_paths()) == []
