@@ -124,7 +124,18 @@ def shm_relay_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def run_readers(s3, model: dict, relay_dir: Path, cg: MemCgroup, readers: int, budget: bool) -> list[dict]:
+def run_readers(s3, model: dict, relay_dir: Path, limit: int, readers: int, budget: bool) -> tuple[list[dict], int, int]:
+    """*readers* reader processes in a fresh cgroup of *limit* bytes: their results, the
+    cgroup's peak and its OOM kills."""
+    cg = MemCgroup(limit)
+    try:
+        results = _readers(s3, model, relay_dir, cg, readers, budget)
+        return results, cg.peak(), cg.oom_kills()
+    finally:
+        cg.remove()
+
+
+def _readers(s3, model: dict, relay_dir: Path, cg: MemCgroup, readers: int, budget: bool) -> list[dict]:
     env = base_env({**s3.env(), relay.RELAY_DIR: str(relay_dir)})
     env.pop("RUNAI_STREAMER_MEMORY_LIMIT", None)
     payload = {"uri": model["uri"], "endpoint": s3.endpoint, "weights": model["weights"], "mode": "relay",
@@ -142,12 +153,7 @@ def run_readers(s3, model: dict, relay_dir: Path, cg: MemCgroup, readers: int, b
 def test_four_readers_stay_under_a_container_limit_their_defaults_exceed(s3, model768, shm_relay_dir):
     s = model768["bytes"]
     limit = 3 * 1024 * MIB  # four default buffers alone are 4 x 0.75 GiB, and the copy adds 0.75 GiB
-    cg = MemCgroup(limit)
-    try:
-        results = run_readers(s3, model768, shm_relay_dir, cg, 4, budget=True)
-        peak, kills = cg.peak(), cg.oom_kills()
-    finally:
-        cg.remove()
+    results, peak, kills = run_readers(s3, model768, shm_relay_dir, limit, 4, budget=True)
     for r in results:
         assert r["returncode"] == 0 and r.get("tensors") == model768["tensors"], r
         assert r["relay"] and TENSOR <= int(r["memory_limit"]) < s, r  # a share: a tensor or more, less than S
@@ -155,24 +161,14 @@ def test_four_readers_stay_under_a_container_limit_their_defaults_exceed(s3, mod
     assert sorted(p.name for p in shm_relay_dir.iterdir()) == []  # the last reader freed the copy
 
     # Control: the same four readers at the streamer's default in the same limit.
-    cg = MemCgroup(limit)
-    try:
-        results = run_readers(s3, model768, shm_relay_dir, cg, 4, budget=False)
-        kills = cg.oom_kills()
-    finally:
-        cg.remove()
+    results, _, kills = run_readers(s3, model768, shm_relay_dir, limit, 4, budget=False)
     assert kills >= 1 and any(r["returncode"] != 0 for r in results), [r["returncode"] for r in results]
 
 
 def test_too_small_for_the_copy_streams_from_the_store_one_tensor_at_a_time(s3, model256, shm_relay_dir):
     """Two readers (the rule is the same for four; two keep the store traffic small)."""
     limit = 1280 * MIB  # no room for the 256 MiB copy on top of the 1 GiB headroom; a share below one tensor
-    cg = MemCgroup(limit)
-    try:
-        results = run_readers(s3, model256, shm_relay_dir, cg, 2, budget=True)
-        peak, kills = cg.peak(), cg.oom_kills()
-    finally:
-        cg.remove()
+    results, peak, kills = run_readers(s3, model256, shm_relay_dir, limit, 2, budget=True)
     for r in results:
         assert r["returncode"] == 0 and r.get("tensors") == model256["tensors"], r
         assert r["relay"] is None and r["memory_limit"] == str(memory.MINIMAL), r

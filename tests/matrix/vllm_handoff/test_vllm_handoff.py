@@ -23,7 +23,6 @@ safetensors written locally.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
+from support.details import record
 from support.diskscan import find_weight_bytes
 from support.fixtures import BUCKET
 from support.vllm_loader import load_with_vllm_loader
@@ -43,19 +43,8 @@ vllm = pytest.importorskip("vllm")
 if tuple(int(p) for p in vllm.__version__.split(".")[:2]) >= (0, 14):
     pytest.skip("the config route is for vLLM < 0.14", allow_module_level=True)
 
-DETAILS = os.environ.get("RRS_VLLM_DETAILS")
 SANDBOX = Path(os.environ.get("RRS_VLLM_SANDBOX", "/nonexistent"))
 ENGINE_KWARGS = {"load_format": "runai_streamer", "dtype": "float32", "max_model_len": 256, "enforce_eager": True}
-
-
-def record(key: str, value: Any) -> None:
-    """Add one finding to the verdict file the env runner collects."""
-    if not DETAILS:
-        return
-    path = Path(DETAILS)
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[key] = value
-    path.write_text(json.dumps(data, indent=1, default=str))
 
 
 class EngineStandIn:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.details import record
 from support.diskscan import find_weight_bytes
 
 vllm = pytest.importorskip("vllm")
@@ -32,18 +33,8 @@ VLLM = tuple(int(p) for p in vllm.__version__.split(".")[:2])
 if not ((0, 10) <= VLLM < (0, 23)):
     pytest.skip("the offline Hub lookup of object-store URIs is in vLLM 0.10.2-0.22 only", allow_module_level=True)
 
-DETAILS = os.environ.get("RRS_VLLM_DETAILS")
 WORKER = Path(__file__).with_name("offline_worker.py")
 TARGET = "vllm.engine.arg_utils.get_model_path"
-
-
-def record(key: str, value: Any) -> None:
-    if not DETAILS:
-        return
-    path = Path(DETAILS)
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[key] = value
-    path.write_text(json.dumps(data, indent=1, default=str))
 
 
 @pytest.fixture

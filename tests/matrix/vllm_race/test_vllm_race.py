@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
+from support.details import record
 from support.diskscan import find_weight_bytes
 from support.fixtures import BUCKET, public_copy
 from support.vllm_loader import load_with_vllm_loader
@@ -38,19 +39,9 @@ if not ((0, 11) <= tuple(int(p) for p in vllm.__version__.split(".")[:2]) < (0, 
 
 import ray_runai_shim  # noqa: E402
 
-DETAILS = os.environ.get("RRS_VLLM_DETAILS")
 WORKER = Path(__file__).with_name("race_worker.py")
 N, ROUNDS = 4, 10
 TARGET = "vllm.engine.arg_utils.EngineArgs.create_engine_config"
-
-
-def record(key: str, value: Any) -> None:
-    if not DETAILS:
-        return
-    path = Path(DETAILS)
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[key] = value
-    path.write_text(json.dumps(data, indent=1, default=str))
 
 
 @pytest.fixture
