@@ -99,3 +99,13 @@ def test_two_engines_on_a_node_read_the_store_once(tp2, two_engines):
 def test_control_two_engines_without_the_relay_read_it_twice(s3, models, tp2):
     run = run_pipeline(s3, models[MODEL], relay="off", concurrency=2)
     assert run["store_weight_bytes"] >= 2 * tp2["size"]
+
+
+@pytest.mark.extended
+def test_two_engines_at_tp2_are_four_readers_and_read_the_store_once(s3, models, tp2):
+    """``concurrency=2`` x ``tensor_parallel_size=2``: four readers on the node, one store read."""
+    run = run_pipeline(s3, models[MODEL], relay="auto", tp=2, concurrency=2)
+    assert run["store_weight_bytes"] <= 1.05 * tp2["size"], (run["store_weight_bytes"], tp2["size"])
+    assert "4 reader(s) on this node" in run["logs"]
+    assert tokens(run) == tokens(tp2["off"])
+    assert run["left_in_relay_dir"] == [] and run["weights_on_disk"] == []

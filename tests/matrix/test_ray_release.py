@@ -82,6 +82,13 @@ import ray_runai_shim
 import ray
 import {stage} as stage
 import ray.data.llm
+import importlib
+# The tokenizer stages, as a pipeline's actors import them (2.56+ no longer import them with ray.data.llm).
+for _name in ("ray.llm._internal.batch.stages.chat_template_stage", "ray.llm._internal.batch.stages.tokenize_stage"):
+    try:
+        importlib.import_module(_name)
+    except ImportError:
+        pass
 PROC = "ray.llm._internal.batch.processor.vllm_engine_proc"
 try:
     from ray.llm._internal.common.utils import download_utils
