@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from ..diagnostics.redact import redact_text
 from ..errors import ShimError
 from ..log import human_bytes, logger
 from ..tables import settings
@@ -50,6 +51,12 @@ MARKER = ".ray-runai-shim-relay.json"
 RANGE_BYTES = 32 << 20
 WORKERS = 8
 DEFAULT_WAIT_S = 3600.0
+#: Tries per range. pyarrow's S3 client gives up on a reply that sends nothing for 3 s
+#: (the AWS SDK's request timeout); a congested link or a starved store does that now and
+#: then, and one stalled range must not cost the node its copy (every reader would then
+#: stream from the store). Measured: tests/snapshot/test_relay.py's stalled range.
+RANGE_TRIES = 4
+RETRY_PAUSE_S = 0.5
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -151,9 +158,22 @@ def _fetch_into(listing: Listing, fs: Any, prefix: str, staging: Path) -> int:
             os.ftruncate(fd, f.size)
             jobs.extend((src, fd, off, min(RANGE_BYTES, f.size - off)) for off in range(0, f.size, RANGE_BYTES))
 
+        def read(src: Any, off: int, length: int) -> bytes:
+            for attempt in range(1, RANGE_TRIES + 1):
+                try:
+                    return src.read_at(length, off)
+                except OSError as e:
+                    if attempt == RANGE_TRIES:
+                        raise
+                    logger.warning("ray-runai-shim: node relay: reading %s bytes at %s from %s failed (%s); "
+                                   "try %d of %d", length, off, listing.uri, redact_text(str(e).splitlines()[0][:200]),
+                                   attempt + 1, RANGE_TRIES)
+                    time.sleep(RETRY_PAUSE_S * attempt)
+            raise AssertionError("unreachable")
+
         def copy(job: tuple[Any, int, int, int]) -> int:
             src, fd, off, length = job
-            data = src.read_at(length, off)
+            data = read(src, off, length)
             if len(data) != length:
                 raise ShimError(f"ray-runai-shim: short read from {listing.uri} ({len(data)} of {length} "
                                 f"bytes at offset {off}); the object changed or the store cut the reply")

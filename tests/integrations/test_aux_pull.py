@@ -10,6 +10,7 @@ it must leave alone.
 
 from __future__ import annotations
 
+import pytest
 from support.procs import last_json, run_python
 
 from ray_runai_shim import patches
@@ -54,6 +55,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_the_wrapper_fetches_once_and_hands_vllm_the_dir_and_the_uri(s3, models, sandbox):
     model = models["tiny"]
     sandbox.env.pop("HF_HUB_OFFLINE", None)

@@ -150,6 +150,7 @@ def _readers(s3, model: dict, relay_dir: Path, cg: MemCgroup, readers: int, budg
     return results
 
 
+@pytest.mark.slow
 def test_four_readers_stay_under_a_container_limit_their_defaults_exceed(s3, model768, shm_relay_dir):
     s = model768["bytes"]
     limit = 3 * 1024 * MIB  # four default buffers alone are 4 x 0.75 GiB, and the copy adds 0.75 GiB
@@ -165,6 +166,7 @@ def test_four_readers_stay_under_a_container_limit_their_defaults_exceed(s3, mod
     assert kills >= 1 and any(r["returncode"] != 0 for r in results), [r["returncode"] for r in results]
 
 
+@pytest.mark.slow
 def test_too_small_for_the_copy_streams_from_the_store_one_tensor_at_a_time(s3, model256, shm_relay_dir):
     """Two readers (the rule is the same for four; two keep the store traffic small)."""
     limit = 1280 * MIB  # no room for the 256 MiB copy on top of the 1 GiB headroom; a share below one tensor

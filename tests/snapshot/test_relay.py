@@ -193,3 +193,32 @@ def test_a_copy_that_does_not_fit_is_not_made(s3, big, relay_dir, monkeypatch, c
     lines = [r.getMessage() for r in caplog.records if "node relay cannot hold" in r.getMessage()]
     assert len(lines) == 1 and "streaming from the store instead" in lines[0] and relay.RELAY_DIR in lines[0]
     assert shim_files(relay_dir) == []
+
+
+@pytest.mark.slow
+def test_a_range_the_store_stalls_on_is_read_again(s3, big, relay_dir, monkeypatch, caplog):
+    """pyarrow's S3 client drops a reply that sends nothing for 3 s and tries twice more; when
+    all three stall (seen on CI: a starved store, four readers), the relay reads that range
+    again instead of failing the node's copy."""
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    with CountingProxy(s3.port) as proxy:
+        proxy.stall("00001-of-00002.safetensors", 3.5, times=3)
+        with caplog.at_level(logging.WARNING, logger="ray_runai_shim"):
+            got = relay.acquire(big["uri"], fs_for(proxy.endpoint))
+        try:
+            assert got is not None and got.fetched
+            for name in big["weights"]:
+                assert (got.path / name).read_bytes() == (big["local"] / name).read_bytes()
+        finally:
+            relay.release(got)
+    assert any("node relay: reading" in r.getMessage() and "try 2 of" in r.getMessage() for r in caplog.records)
+    assert shim_files(relay_dir) == []
+
+    # Control: one try per range, as before; the same stall fails the copy and leaves nothing behind.
+    monkeypatch.setattr(relay, "RANGE_TRIES", 1)
+    with CountingProxy(s3.port) as proxy:
+        proxy.stall("00001-of-00002.safetensors", 3.5, times=3)
+        with pytest.raises(OSError, match="(?i)timeout|too slow"):
+            relay.acquire(big["uri"], fs_for(proxy.endpoint))
+    assert [p for p in relay_dir.rglob("*") if p.is_file() and p.suffix == ".safetensors"] == []

@@ -107,6 +107,21 @@ class CountingProxy:
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
         self._open: set[socket.socket] = set()
+        self._stalls: list[tuple[str, float]] = []  # (path suffix, seconds): one pause each
+
+    def stall(self, suffix: str, seconds: float, times: int = 1) -> None:
+        """Pause the next *times* response bodies of paths ending in *suffix* for *seconds*
+        (a store link that stops sending mid-object, as a congested or starved one does)."""
+        with self._count_lock:
+            self._stalls.extend([(suffix, seconds)] * times)
+
+    def _take_stall(self, path: str) -> float:
+        with self._count_lock:
+            for i, (suffix, seconds) in enumerate(self._stalls):
+                if path.endswith(suffix):
+                    del self._stalls[i]
+                    return seconds
+        return 0.0
 
     @property
     def endpoint(self) -> str:
@@ -184,6 +199,10 @@ class CountingProxy:
                         self.upstream_bytes += len(data)
                 if down:
                     tap.response(data)
+                    if tap.body_left and self._stalls:
+                        pause = self._take_stall(tap.path)
+                        if pause:
+                            time.sleep(pause)
                 else:
                     tap.request(data)
                 dst.sendall(data)
