@@ -14,6 +14,7 @@ Ray 2.48's Serve was written against vLLM 0.9/0.10; the test-only adapters in
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -163,9 +164,10 @@ def test_control_two_replicas_without_the_relay_read_it_twice(s3, models):
     assert run["store_weight_bytes"] >= 2 * run["size"], (run["store_weight_bytes"], run["size"])
 
 
+@functools.cache
 def reference_completion(local: Path) -> str:
     """Greedy continuation by transformers from the original local checkpoint (Serve
-    2.48 tokenizes the prompt itself, without special tokens)."""
+    2.48 tokenizes the prompt itself, without special tokens); once per checkpoint."""
     code = f"""
 import json, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
