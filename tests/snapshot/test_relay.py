@@ -198,7 +198,7 @@ def test_a_copy_that_does_not_fit_is_not_made(s3, big, relay_dir, monkeypatch, c
 @pytest.mark.slow
 def test_a_range_the_store_stalls_on_is_read_again(s3, big, relay_dir, monkeypatch, caplog):
     """pyarrow's S3 client drops a reply that sends nothing for 3 s and tries twice more; when
-    all three stall (seen on CI: a starved store, four readers), the relay reads that range
+    all three stall (seen in the four-reader memory test on a loaded box), the relay reads that range
     again instead of failing the node's copy."""
     for k, v in s3.env().items():
         monkeypatch.setenv(k, v)
