@@ -141,6 +141,18 @@ def _complete(path: Path, nbytes: int) -> bool:
     return marker.get("bytes") == nbytes
 
 
+def _read_range(src: Any, off: int, length: int, uri: str) -> bytes:
+    """*length* bytes at *off*, read again after a failed try (``RANGE_TRIES`` in all)."""
+    for attempt in range(1, RANGE_TRIES):
+        try:
+            return src.read_at(length, off)
+        except OSError as e:
+            logger.warning("ray-runai-shim: node relay: reading %s bytes at %s from %s failed (%s); try %d of %d",
+                           length, off, uri, redact_text(str(e).splitlines()[0][:200]), attempt + 1, RANGE_TRIES)
+            time.sleep(RETRY_PAUSE_S * attempt)
+    return src.read_at(length, off)  # the last try: its error is the copy's
+
+
 def _fetch_into(listing: Listing, fs: Any, prefix: str, staging: Path) -> int:
     """Every weight object of *listing* into *staging*, in ranges read in parallel."""
     jobs: list[tuple[Any, int, int, int]] = []  # (file handle, fd, offset, length)
@@ -158,22 +170,9 @@ def _fetch_into(listing: Listing, fs: Any, prefix: str, staging: Path) -> int:
             os.ftruncate(fd, f.size)
             jobs.extend((src, fd, off, min(RANGE_BYTES, f.size - off)) for off in range(0, f.size, RANGE_BYTES))
 
-        def read(src: Any, off: int, length: int) -> bytes:
-            for attempt in range(1, RANGE_TRIES + 1):
-                try:
-                    return src.read_at(length, off)
-                except OSError as e:
-                    if attempt == RANGE_TRIES:
-                        raise
-                    logger.warning("ray-runai-shim: node relay: reading %s bytes at %s from %s failed (%s); "
-                                   "try %d of %d", length, off, listing.uri, redact_text(str(e).splitlines()[0][:200]),
-                                   attempt + 1, RANGE_TRIES)
-                    time.sleep(RETRY_PAUSE_S * attempt)
-            raise AssertionError("unreachable")
-
         def copy(job: tuple[Any, int, int, int]) -> int:
             src, fd, off, length = job
-            data = read(src, off, length)
+            data = _read_range(src, off, length, listing.uri)
             if len(data) != length:
                 raise ShimError(f"ray-runai-shim: short read from {listing.uri} ({len(data)} of {length} "
                                 f"bytes at offset {off}); the object changed or the store cut the reply")
