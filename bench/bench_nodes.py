@@ -61,8 +61,9 @@ METHODS = ("stream", "auto", "relay", "relay-budget", "ray-copy")
 LABELS = {
     "stream": "every reader streams from the store",
     "auto": "shim default (`auto`): relays only at >= 2 readers, so N = 1 streams",
-    "relay": "node relay (`RAY_RUNAI_SHIM_RELAY=on`): one fetch into /dev/shm, readers stream it",
-    "relay-budget": "the node relay with a binding streamer memory budget (`RUNAI_STREAMER_MEMORY_LIMIT` = "
+    "relay": "node relay (`RAY_RUNAI_SHIM_RELAY=on`): one fetch into /dev/shm, readers stream it with the "
+             "shim's memory rule (a 256 MiB buffer each for the local copy, docs/node-relay.md)",
+    "relay-budget": "the node relay with a tighter streamer memory budget (`RUNAI_STREAMER_MEMORY_LIMIT` = "
                     "`--budget-mib` per reader, as the shim sets it on a node short of memory): what the budget costs",
     "ray-copy": "Ray alone: one reader copies every object to disk under a file lock, all stream the copy",
 }
@@ -71,7 +72,7 @@ READERS_NOTE = (
     "N counts the readers on the node: engines x tensor-parallel ranks (vLLM's runai loader streams the whole "
     "checkpoint in every rank), so N = 2 is one engine at `tensor_parallel_size=2` or two engines, and N = 4 "
     "two engines at TP=2. Native Ray 2.52-2.60 hands vLLM the URI and every reader streams: the `stream` rows.")
-DEFAULT_BUDGET_MIB = 256
+DEFAULT_BUDGET_MIB = 128  # the bench model's tensors are 64 MiB
 #: The issue's goals (#25/#29): (numerator, denominator, N, kind, bound, limited link only).
 #: kind "max": ratio <= bound; "near": |ratio - 1| <= bound.
 GOALS = (
@@ -413,8 +414,10 @@ def child_main(args: dict[str, Any]) -> None:
                 mode = "relay" if relay_wanted(readers_on_node(engine)) else "stream"  # NODE_ENGINES = N
                 out["auto_relays"] = mode == "relay"
             if method == "relay-budget":
-                mode = "relay"  # the env carries the budget
-            out.update(relaychild.main({**args, "mode": mode}))
+                mode = "relay"  # the env carries the user's budget
+            # the shim's own memory rule, as the engine's process applies it where the user set no limit
+            rule = {"budget": args["readers"]} if method in ("relay", "auto") else {}
+            out.update(relaychild.main({**args, "mode": mode, **rule}))
         out["ready_at"] = t_go + out["ready_s"]
     except Exception as e:  # one JSON file either way
         out["error"] = f"{type(e).__name__}: {e}"

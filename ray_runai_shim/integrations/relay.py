@@ -15,7 +15,9 @@ reader on the node frees it (:mod:`..snapshot.relay`).
 Where the user has not bounded the streamer's host memory (``RUNAI_STREAMER_MEMORY_LIMIT`` or
 ``model_loader_extra_config["memory_limit"]``), the readers on the node share one budget taken
 from the node's and the container's free memory (:mod:`..snapshot.memory`): N readers at the
-streamer's default 40 GB each can no longer push the node into OOM.
+streamer's default 40 GB each can no longer push the node into OOM. Readers of the relay's copy
+get a smaller buffer still (local memory needs no deep read-ahead; it loads faster). The limit
+travels in the engine's load config too, so ranks of vLLM's Ray executor get it.
 """
 
 from __future__ import annotations
@@ -189,21 +191,27 @@ def _checkpoint(weights: str, fs_and_path: FsAndPath) -> tuple[int, Callable[[],
 def set_budget(readers: int, weights: str, fs_and_path: FsAndPath = None) -> Optional[int]:
     """Give this process's streamer (and the ranks it starts, which inherit the environment)
     its share of the node's memory for *readers* readers of *weights*; measured after the
-    relay's copy is in place, so the copy and the buffers fit together. One reader alone keeps
-    the streamer's default (as without the shim: no request, no setting). Returns the limit set."""
+    relay's copy is in place, so the copy and the buffers fit together. Readers of the relay's
+    local copy (*weights* a local path) also get a smaller buffer: local memory needs no deep
+    read-ahead (:data:`..snapshot.memory.LOCAL_READ_BYTES`). One reader alone keeps the
+    streamer's default (as without the shim: no request, no setting). Returns the limit set."""
     if readers < 2:
         return None
+    local = not is_remote_uri(weights)
     room = memory.room(Path("/dev/shm"))
     usable = room.usable()
-    if memory.reader_budget(readers, usable) is None:
+    budget = memory.reader_budget(readers, usable)
+    if budget is None and not local:
         return None  # 40 GB each fits: nothing to read
     total, largest_of = _checkpoint(weights, fs_and_path)
-    if memory.reader_budget(readers, usable, total=total) is None:
-        return None  # the default buffers the whole checkpoint, and that fits
-    largest = largest_of()
-    budget = memory.reader_budget(readers, usable, largest=largest, total=total)
+    budget = memory.reader_budget(readers, usable, total=total)
+    largest = largest_of() if budget is not None or local else 0
+    if budget is not None:
+        budget = memory.reader_budget(readers, usable, largest=largest, total=total)
+    if local:
+        budget = memory.local_read_limit(budget, largest, total)
     if budget is None:
-        return None
+        return None  # the default buffers the whole checkpoint, and that fits
     os.environ[MEMORY_LIMIT] = str(budget)
     if budget == memory.MINIMAL:
         logger.warning(
@@ -214,6 +222,18 @@ def set_budget(readers: int, weights: str, fs_and_path: FsAndPath = None) -> Opt
         logger.info("ray-runai-shim: streamer memory budget %s per reader (%d readers on this node; %s)",
                     human_bytes(budget), readers, room.describe())
     return budget
+
+
+def _budget_to_ranks(config: Any, budget: int) -> None:
+    """Carry *budget* in the engine's load config (``model_loader_extra_config["memory_limit"]``,
+    which vLLM's runai loader turns into ``RUNAI_STREAMER_MEMORY_LIMIT`` in the process that
+    loads): ranks of vLLM's Ray executor are Ray workers that never see this process's
+    environment, and the config reaches every rank whatever the executor."""
+    load_config = getattr(config, "load_config", None)
+    extra = getattr(load_config, "model_loader_extra_config", None)
+    if load_config is None or not isinstance(extra if extra is not None else {}, dict):
+        return
+    object.__setattr__(load_config, "model_loader_extra_config", {**(extra or {}), "memory_limit": budget})
 
 
 def _weights_of(model_config: Any) -> Optional[str]:
@@ -254,13 +274,15 @@ def create_engine_config(original: Callable[..., Any], instance: Any, args: tupl
             logger.info("ray-runai-shim: %d reader(s) on this node stream %s from the node relay %s",
                         readers, uri, got.path)
     if not user_memory_limit(instance):
-        _budget_quietly(readers, str(got.path) if got is not None else uri)
+        _budget_quietly(config, readers, str(got.path) if got is not None else uri)
     return config
 
 
-def _budget_quietly(readers: int, weights: str) -> None:
+def _budget_quietly(config: Any, readers: int, weights: str) -> None:
     try:
-        set_budget(readers, weights)
+        budget = set_budget(readers, weights)
+        if budget is not None:
+            _budget_to_ranks(config, budget)
     except Exception:  # a budget not set must not stop the engine: the streamer's default stays
         logger.warning("ray-runai-shim: could not work out the streamer memory budget for %s; the streamer "
                        "keeps its default limit", weights, exc_info=True)

@@ -225,3 +225,37 @@ def test_a_readers_budget_is_its_share_of_the_room():
     assert memory.reader_budget(8, 4 * gib, largest=1 * gib) == memory.MINIMAL  # a share below the largest tensor
     assert memory.reader_budget(8, 4 * gib, largest=256 << 20) == gib // 2
     assert memory.reader_budget(8, 4 * gib) == memory.MINIMAL  # largest unknown: 2 GiB assumed
+
+
+def test_a_reader_of_the_local_copy_gets_a_small_buffer_capped_by_its_share():
+    mib, gib = 1 << 20, 1 << 30
+    cap = memory.LOCAL_READ_BYTES
+    assert cap == 256 * mib
+    assert memory.local_read_limit(None, 64 * mib, gib) == cap  # the default would buffer the whole 1 GiB
+    assert memory.local_read_limit(None, 512 * mib, 2 * gib) == 512 * mib  # never below the largest tensor
+    assert memory.local_read_limit(128 * mib, 64 * mib, gib) == 128 * mib  # a tighter share stays
+    assert memory.local_read_limit(2 * gib, 64 * mib, 4 * gib) == cap
+    assert memory.local_read_limit(memory.MINIMAL, 64 * mib, gib) == memory.MINIMAL
+    assert memory.local_read_limit(None, 64 * mib, 200 * mib) is None  # a checkpoint under the cap: no setting
+
+
+def test_set_budget_on_a_relay_copy_sets_the_small_buffer_and_on_a_lone_reader_nothing(tmp_path, monkeypatch):
+    """A sparse 768 MiB local checkpoint of 128 MiB tensors (headers real, data holes)."""
+    import struct
+
+    from ray_runai_shim.integrations import relay as relay_integration
+
+    n = TENSOR // 4
+    header = {f"w{i}": {"dtype": "F32", "shape": [n], "data_offsets": [i * TENSOR, (i + 1) * TENSOR]} for i in range(6)}
+    blob = json.dumps(header).encode()
+    path = tmp_path / "model.safetensors"
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        f.truncate(8 + len(blob) + 6 * TENSOR)
+    monkeypatch.delenv("RUNAI_STREAMER_MEMORY_LIMIT", raising=False)
+    assert relay_integration.set_budget(1, str(tmp_path)) is None and "RUNAI_STREAMER_MEMORY_LIMIT" not in os.environ
+    usable = memory.room(Path("/dev/shm")).usable()
+    want = memory.local_read_limit(memory.reader_budget(2, usable, largest=TENSOR, total=6 * TENSOR), TENSOR,
+                                   6 * TENSOR)
+    assert relay_integration.set_budget(2, str(tmp_path)) == want <= memory.LOCAL_READ_BYTES
+    assert os.environ["RUNAI_STREAMER_MEMORY_LIMIT"] == str(want)
