@@ -201,6 +201,8 @@ def node_report() -> dict[str, Any]:
                      human_bytes(b))
             for n in (1, 2, 4, 8)
         },
+        "relay_copy_reader_buffer": ("set by RUNAI_STREAMER_MEMORY_LIMIT" if user_limit else
+                                     f"at most {human_bytes(memory.LOCAL_READ_BYTES)} (or the largest tensor)"),
     }
 
 
@@ -265,7 +267,8 @@ def render(r: dict[str, Any]) -> str:
     n = r["node"]
     lines += ["", f"this node: relay {n['relay']} (auto: 2+ readers of one model share a copy in {n['relay_dir']})",
               f"  memory: {n['memory']}",
-              "  streamer memory per reader: " + "; ".join(f"{k} reader(s): {v}" for k, v in n["budget_per_reader"].items())]
+              "  streamer memory per reader: " + "; ".join(f"{k} reader(s): {v}" for k, v in n["budget_per_reader"].items()),
+              f"  readers of the relay's copy: {n['relay_copy_reader_buffer']} each"]
     m = r.get("model")
     if m:
         from .diagnostics.redact import shown_uri

@@ -132,3 +132,14 @@ def test_doctor_says_how_a_submitted_jobs_workers_get_the_shim():
     own_hook = run({"working_dir": "gcs://_ray_pkg_x.zip", "worker_process_setup_hook": "mod.hook"})
     assert "under RAY_OVERRIDE_JOB_RUNTIME_ENV=1" in own_hook and "(then mod.hook)" in own_hook
     assert "WARNING" not in own_hook
+
+
+def test_doctor_shows_this_nodes_relay_and_streamer_memory(s3):
+    p = doctor_run(s3)
+    assert p.returncode == 0, p.stderr
+    [line] = [ln for ln in p.stdout.splitlines() if "readers of the relay's copy" in ln]
+    assert "at most 256.0 MiB (or the largest tensor) each" in line, line
+    assert any("streamer memory per reader: 1 reader(s): " in ln for ln in p.stdout.splitlines()), p.stdout
+    p = doctor_run(s3, RUNAI_STREAMER_MEMORY_LIMIT=str(1 << 30))
+    [line] = [ln for ln in p.stdout.splitlines() if "readers of the relay's copy" in ln]
+    assert "set by RUNAI_STREAMER_MEMORY_LIMIT" in line, line

@@ -28,8 +28,8 @@ UNKNOWN_LARGEST_BYTES = 2 << 30
 #: The buffer of a reader of the node relay's local copy where the user set none. Local memory
 #: needs no deep read-ahead: the streamer's default buffers the whole checkpoint per reader, and
 #: allocating and faulting that in is what a local load spends its time on. Measured (``./dev
-#: bench nodes``, 1 GiB, 2 and 4 readers of one /dev/shm copy): 256 MiB each loaded in 0.69-0.78x
-#: the default's time on loopback and 0.92-0.93x behind a 40 MB/s link, at about half the memory.
+#: bench nodes``, 1 GiB, 2 and 4 readers of one /dev/shm copy, docs/node-relay.md): all ready in
+#: 0.93-0.94x the default's time behind a 40 MB/s link, at 0.48-0.54x the node's peak memory.
 LOCAL_READ_BYTES = 256 << 20
 
 
