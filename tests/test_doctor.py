@@ -136,10 +136,10 @@ def test_doctor_says_how_a_submitted_jobs_workers_get_the_shim():
 
 def test_doctor_shows_this_nodes_relay_and_streamer_memory(s3):
     p = doctor_run(s3)
-    assert p.returncode == 0, p.stderr
-    [line] = [ln for ln in p.stdout.splitlines() if "readers of the relay's copy" in ln]
-    assert "at most 256.0 MiB (or the largest tensor) each" in line, line
-    assert any("streamer memory per reader: 1 reader(s): " in ln for ln in p.stdout.splitlines()), p.stdout
+    lines = p.stdout.splitlines()
+    assert p.returncode == 0 and "  readers of the relay's copy: at most 256.0 MiB (or the largest tensor) each" in lines, (
+        p.stdout, p.stderr)
+    assert any(ln.startswith("  streamer memory per reader: 1 reader(s): ") for ln in lines), p.stdout
     p = doctor_run(s3, RUNAI_STREAMER_MEMORY_LIMIT=str(1 << 30))
-    [line] = [ln for ln in p.stdout.splitlines() if "readers of the relay's copy" in ln]
-    assert "set by RUNAI_STREAMER_MEMORY_LIMIT" in line, line
+    assert "  readers of the relay's copy: set by RUNAI_STREAMER_MEMORY_LIMIT each" in p.stdout.splitlines(), (
+        p.stdout, p.stderr)

@@ -1,6 +1,14 @@
-"""The node relay's memory rule, as vLLM receives it: ``integrations/relay.py``'s wrapper of
-vLLM 0.32's real ``EngineArgs.create_engine_config`` against moto, at
-``tensor_parallel_size=2`` (two readers on the node).
+"""``integrations/relay.py`` in the engine's process: which ranks share the node, and the memory
+rule as vLLM receives it.
+
+Ranks of vLLM's Ray executor (Serve LLM's) are Ray workers placed by the placement group the
+engine's process runs in: the relay counts them as this node's only when every bundle is here
+(a real placement group on a real local Ray). vLLM's Ray executor itself refuses the CPU
+platform here (``current platform cpu does not support ray``), so no engine runs that way.
+
+The memory rule: ``integrations/relay.py``'s wrapper of vLLM 0.32's real
+``EngineArgs.create_engine_config`` against moto, at ``tensor_parallel_size=2`` (two readers
+on the node).
 
 The relay's local copy is read with a small buffer, and the limit travels in the engine's
 load config (``model_loader_extra_config["memory_limit"]``), which vLLM's runai loader turns
@@ -20,7 +28,6 @@ from pathlib import Path
 import pytest
 from support.procs import last_json, run_python
 
-pytestmark = [pytest.mark.slow]
 MODEL = "tiny-sharded"
 BUFFER = 64 << 10  # the tiny checkpoint is ~0.8 MB
 
@@ -62,6 +69,7 @@ def relay_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_the_ranks_get_the_relay_copys_buffer_through_the_load_config(s3, models, sandbox, relay_dir):
     model = models[MODEL]
     sizes = [(model.local / w).stat().st_size for w in model.weights]
@@ -74,7 +82,39 @@ def test_the_ranks_get_the_relay_copys_buffer_through_the_load_config(s3, models
     assert os.listdir(relay_dir) == []  # the probe's release freed the copy
 
 
+@pytest.mark.slow
 def test_control_without_the_shim_vllm_gets_no_limit(s3, models, sandbox, relay_dir):
     out = probe(sandbox, models[MODEL], relay_dir, RAY_RUNAI_SHIM_DISABLE="1")
     assert out["patched"] == [] and out["weights"] == models[MODEL].uri and not out["extra"], out
     assert out["engine_env"] is None and out["rank_env"] is None, out
+
+
+PLACEMENT = """
+import json, ray
+from types import SimpleNamespace
+from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray_runai_shim.integrations.relay import ranks_all_here
+ray.init(num_cpus=2, include_dashboard=False)
+engine = SimpleNamespace(distributed_executor_backend="ray", tensor_parallel_size=2, pipeline_parallel_size=1)
+
+@ray.remote(num_cpus=0)
+def here(engine):
+    return ranks_all_here(engine)
+
+pg = placement_group([{"CPU": 1}] * 2)
+ray.get(pg.ready())
+out = {"bundles_here": ray.get(here.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg)).remote(engine)),
+       "no_placement_group": ray.get(here.remote(engine)),
+       "mp": ranks_all_here(SimpleNamespace(distributed_executor_backend="mp", tensor_parallel_size=2)),
+       "external": ranks_all_here(SimpleNamespace(distributed_executor_backend="external_launcher",
+                                                  tensor_parallel_size=2))}
+ray.shutdown()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.ray
+def test_ray_executor_ranks_count_as_this_nodes_only_inside_a_placement_group_all_here(sandbox):
+    out = last_json(run_python(PLACEMENT, env=sandbox.env, cwd=sandbox.root))
+    assert out == {"bundles_here": True, "no_placement_group": False, "mp": True, "external": False}, out
