@@ -11,6 +11,7 @@ compatibility table in docs/compatibility.md.
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -276,6 +277,46 @@ def test_without_the_shim_this_release_does_what_the_table_says(s3, models, sand
         "weight_files_on_disk": on_disk,
         "streams": streams,
     }
+
+
+RELAY_PROBE = """
+import json
+{preamble}
+import ray
+from ray.data import llm
+from ray.data.llm import vLLMEngineProcessorConfig
+build = getattr(llm, "build_llm_processor", None) or llm.build_processor  # renamed in 2.60
+extra = ({{"placement_group_config": {{"bundles": [{{"CPU": 1}}]}}}}
+         if "placement_group_config" in vLLMEngineProcessorConfig.model_fields else {{}})
+off = {{k: False for k in ("apply_chat_template", "tokenize", "detokenize")  # 2.60: stages configured apart
+        if k in vLLMEngineProcessorConfig.model_fields}}
+config = vLLMEngineProcessorConfig(model_source={model!r}, engine_kwargs={{"load_format": "runai_streamer"}},
+                                   concurrency=2, batch_size=4, **off, **extra)
+processor = build(config)
+[stage] = [st for st in processor.stages.values() if type(st).__name__ == "vLLMEngineStage"]
+env_vars = (stage.map_batches_kwargs.get("runtime_env") or {{}}).get("env_vars") or {{}}
+print(json.dumps({{"node_engines": env_vars.get("RAY_RUNAI_SHIM_NODE_ENGINES")}}))
+"""
+
+
+@pytest.mark.parametrize("shim", [True, False], ids=["shim", "ray-alone"])
+def test_a_stage_of_two_engines_tells_its_actors_they_share_the_node(s3, models, sandbox, shim):
+    """#25 on this release: the relay counts the engines of the model per node from Ray Data's
+    actor pool (``concurrency=2`` on one node: 2), set in the stage's runtime_env by the driver;
+    vLLM's side (``EngineArgs.create_engine_config``) is the same on every release. The native
+    streaming releases (2.52+) read N x S from the store without the shim as well."""
+    if V < (2, 45):
+        pytest.skip("the shim does not patch this release")
+    if not shim and os.environ.get("RAY_RUNAI_SHIM_CI_SUBSET"):
+        pytest.skip("the control runs in `./dev matrix` (CI: the shim's half)")
+    env = dict(sandbox.env)
+    if not shim:  # as construct(): Ray alone, with the test-only endpoint adapter for the local S3
+        env.update(RAY_RUNAI_SHIM_DISABLE="1", RAY_RUNAI_SHIM_TEST_ENDPOINT_ADAPTER="1")
+    code = RELAY_PROBE.format(preamble="import ray_runai_shim" if shim else "", model=models["tiny-sharded"].uri)
+    out = last_json(run_python(code, env=env))
+    assert out == {"node_engines": "2" if shim else None}, out
+    if shim:
+        VERDICT["relay"] = "concurrency=2: 2 engines per node, the node relay reads the store once"
 
 
 # --------------------------------------------------------------------------- the targets table
