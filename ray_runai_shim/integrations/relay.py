@@ -230,10 +230,9 @@ def _budget_to_ranks(config: Any, budget: int) -> None:
     loads): ranks of vLLM's Ray executor are Ray workers that never see this process's
     environment, and the config reaches every rank whatever the executor."""
     load_config = getattr(config, "load_config", None)
-    extra = getattr(load_config, "model_loader_extra_config", None)
-    if load_config is None or not isinstance(extra if extra is not None else {}, dict):
-        return
-    object.__setattr__(load_config, "model_loader_extra_config", {**(extra or {}), "memory_limit": budget})
+    extra = getattr(load_config, "model_loader_extra_config", None) or {}
+    if load_config is not None and isinstance(extra, dict):
+        object.__setattr__(load_config, "model_loader_extra_config", {**extra, "memory_limit": budget})
 
 
 def _weights_of(model_config: Any) -> Optional[str]:
