@@ -134,7 +134,8 @@ def test_doctor_says_how_a_submitted_jobs_workers_get_the_shim():
     assert "WARNING" not in own_hook
 
 
-def test_doctor_shows_this_nodes_relay_and_streamer_memory(s3):
+def test_doctor_shows_this_nodes_relay_and_streamer_memory(s3, monkeypatch):
+    monkeypatch.delenv("RUNAI_STREAMER_MEMORY_LIMIT", raising=False)  # the user's own, if any
     p = doctor_run(s3)
     lines = p.stdout.splitlines()
     assert p.returncode == 0 and "  readers of the relay's copy: at most 256.0 MiB (or the largest tensor) each" in lines, (

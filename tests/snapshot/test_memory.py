@@ -252,7 +252,10 @@ def test_set_budget_on_a_relay_copy_sets_the_small_buffer_and_on_a_lone_reader_n
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(blob)) + blob)
         f.truncate(8 + len(blob) + 6 * TENSOR)
-    monkeypatch.delenv("RUNAI_STREAMER_MEMORY_LIMIT", raising=False)
+    # set_budget writes os.environ itself: setenv first so that monkeypatch restores the variable
+    # (delenv of an absent one records nothing, and the limit leaked into later tests' processes)
+    monkeypatch.setenv("RUNAI_STREAMER_MEMORY_LIMIT", "")
+    monkeypatch.delenv("RUNAI_STREAMER_MEMORY_LIMIT")
     assert relay_integration.set_budget(1, str(tmp_path)) is None and "RUNAI_STREAMER_MEMORY_LIMIT" not in os.environ
     usable = memory.room(Path("/dev/shm")).usable()
     want = memory.local_read_limit(memory.reader_budget(2, usable, largest=TENSOR, total=6 * TENSOR), TENSOR,
