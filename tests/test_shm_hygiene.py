@@ -31,3 +31,24 @@ def test_only_new_unused_vllm_segments_are_removed():
         import shutil
 
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_end_of_run_sweep_waits_for_a_stopping_engines_last_process():
+    root = Path(tempfile.mkdtemp(prefix="rrs-shm-test-", dir="/dev/shm"))
+    try:
+        before = shm.snapshot(root)
+        (root / "psm_stopping").write_bytes(b"x")
+        holder = subprocess.Popen([sys.executable, "-c", f"import sys, time, mmap; f = open({str(root / 'psm_stopping')!r}, 'r+b');"
+                                   " m = mmap.mmap(f.fileno(), 0); sys.stdout.write('ready\\n'); sys.stdout.flush();"
+                                   " time.sleep(2)"], stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline().strip() == "ready"
+            assert shm.clean_new(before, root) == []  # held: a module's sweep leaves it
+            assert shm.clean_new(before, root, wait_s=30) == ["psm_stopping"]  # gone once its holder exits
+        finally:
+            holder.wait(timeout=30)
+        assert list(root.iterdir()) == []
+    finally:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)

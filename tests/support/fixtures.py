@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,26 @@ class TinyModel:
 
     def weight_paths(self) -> dict[str, Path]:
         return {w: self.local / w for w in self.weights}
+
+
+_SHM_BEFORE = pytest.StashKey[set]()
+
+
+def pytest_sessionstart(session):
+    """The run's own view of /dev/shm, taken once by the process that runs the workers."""
+    if not hasattr(session.config, "workerinput"):
+        session.config.stash[_SHM_BEFORE] = shm.snapshot()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """After every worker: the vLLM segments the run's engines left that a module's own sweep
+    skipped because a stopping engine's process still held them then (one CI run left two)."""
+    before = session.config.stash.get(_SHM_BEFORE, None)
+    if before is not None:
+        try:
+            shm.clean_new(before, wait_s=30)
+        except Exception as e:  # hygiene must never fail the run
+            print(f"/dev/shm sweep failed: {e}", file=sys.stderr)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import time
 from pathlib import Path
 
 SHM = Path("/dev/shm")
@@ -49,19 +50,25 @@ def in_use(root: Path = SHM) -> set[str]:
     return used
 
 
-def clean_new(before: set[str], root: Path = SHM) -> list[str]:
-    """Remove the vLLM segments that appeared since *before* and nobody uses; return them."""
-    new = [n for n in snapshot(root) - before if _ours(n)]
-    if not new:
-        return []
-    busy = in_use(root)
-    removed = []
-    for name in sorted(new):
-        if name in busy:
-            continue
-        try:
-            (root / name).unlink()
-            removed.append(name)
-        except OSError:
-            pass
-    return removed
+def clean_new(before: set[str], root: Path = SHM, wait_s: float = 0.0) -> list[str]:
+    """Remove the vLLM segments that appeared since *before* and nobody uses; return them.
+    With *wait_s*, segments still held are looked at again each second until then (the last
+    processes of a stopped engine may still be exiting); what stays held is left alone."""
+    deadline = time.monotonic() + wait_s
+    removed: list[str] = []
+    tried: set[str] = set()
+    while True:
+        new = sorted(n for n in snapshot(root) - before - tried if _ours(n))
+        busy = in_use(root) if new else set()
+        for name in new:
+            if name in busy:
+                continue
+            tried.add(name)
+            try:
+                (root / name).unlink()
+                removed.append(name)
+            except OSError:
+                pass
+        if not any(n in busy for n in new) or time.monotonic() >= deadline:
+            return removed
+        time.sleep(1.0)
