@@ -1,28 +1,20 @@
 """``integrations/relay.py`` in the engine's process: which ranks share the node, and the memory
-rule as vLLM receives it.
+limit as vLLM's ranks receive it.
 
-Ranks of vLLM's Ray executor (Serve LLM's) are Ray workers placed by the placement group the
-engine's process runs in: the relay counts them as this node's only when every bundle is here
-(a real placement group on a real local Ray). vLLM's Ray executor itself refuses the CPU
-platform here (``current platform cpu does not support ray``), so no engine runs that way.
-
-The memory rule: ``integrations/relay.py``'s wrapper of vLLM 0.32's real
-``EngineArgs.create_engine_config`` against moto, at ``tensor_parallel_size=2`` (two readers
-on the node).
-
-The relay's local copy is read with a small buffer, and the limit travels in the engine's
-load config (``model_loader_extra_config["memory_limit"]``), which vLLM's runai loader turns
-into ``RUNAI_STREAMER_MEMORY_LIMIT`` in whichever process loads: a rank of vLLM's Ray
-executor is a Ray worker that never sees the engine process's environment, so the probe
-loads the config in an environment without it, as that rank does. The control (the shim
-off) hands vLLM no limit. The checkpoint here is tiny, so the probe lowers the rule's buffer
-(``LOCAL_READ_BYTES``) below it; the rule's values are ``tests/snapshot/test_memory.py``'s.
+Ranks of vLLM's Ray executor (Serve LLM's) are Ray workers placed by the engine's placement
+group: they count as this node's only when every bundle is here (a real placement group on a
+real local Ray; the executor itself refuses this CPU platform, so no engine runs that way).
+Such a rank never sees the engine's environment: the limit travels in the load config
+(``model_loader_extra_config["memory_limit"]``), which vLLM's runai loader applies in the
+process that loads. Checked with vLLM 0.32's real ``create_engine_config`` (wrapped by the
+shim) against moto at ``tensor_parallel_size=2``, and its real loader in an environment without
+the limit; the probe lowers ``LOCAL_READ_BYTES`` below the tiny checkpoint so the rule binds
+(the rule's values: ``tests/snapshot/test_memory.py``). Control: the shim off, no limit.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -60,31 +52,22 @@ def probe(sandbox, model, relay_dir: Path, **env: str) -> dict:
     return last_json(run_python(PROBE.format(uri=model.uri, buffer=BUFFER), env=sandbox.env))
 
 
-@pytest.fixture
-def relay_dir():
-    d = Path(tempfile.mkdtemp(prefix="rrs-relay-budget-", dir="/dev/shm"))
-    yield d
-    import shutil
-
-    shutil.rmtree(d, ignore_errors=True)
-
-
 @pytest.mark.slow
-def test_the_ranks_get_the_relay_copys_buffer_through_the_load_config(s3, models, sandbox, relay_dir):
+def test_the_ranks_get_the_relay_copys_buffer_through_the_load_config(s3, models, sandbox, shm_relay_dir):
     model = models[MODEL]
     sizes = [(model.local / w).stat().st_size for w in model.weights]
     assert sum(sizes) > 2 * BUFFER  # the rule binds on this checkpoint
-    out = probe(sandbox, model, relay_dir)
-    assert out["weights"].startswith(str(relay_dir)), out  # two readers: relayed
+    out = probe(sandbox, model, shm_relay_dir)
+    assert out["weights"].startswith(str(shm_relay_dir)), out  # two readers: relayed
     limit = out["extra"]["memory_limit"]
     assert BUFFER <= limit < sum(sizes), out  # the buffer (or the largest tensor), less than the checkpoint
     assert out["engine_env"] == str(limit) and out["rank_env"] == str(limit), out
-    assert os.listdir(relay_dir) == []  # the probe's release freed the copy
+    assert os.listdir(shm_relay_dir) == []  # the probe's release freed the copy
 
 
 @pytest.mark.slow
-def test_control_without_the_shim_vllm_gets_no_limit(s3, models, sandbox, relay_dir):
-    out = probe(sandbox, models[MODEL], relay_dir, RAY_RUNAI_SHIM_DISABLE="1")
+def test_control_without_the_shim_vllm_gets_no_limit(s3, models, sandbox, shm_relay_dir):
+    out = probe(sandbox, models[MODEL], shm_relay_dir, RAY_RUNAI_SHIM_DISABLE="1")
     assert out["patched"] == [] and out["weights"] == models[MODEL].uri and not out["extra"], out
     assert out["engine_env"] is None and out["rank_env"] is None, out
 

@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -113,15 +112,6 @@ class MemCgroup:
     def remove(self) -> None:
         if self.dir.exists():
             self.dir.rmdir()
-
-
-@pytest.fixture
-def shm_relay_dir():
-    d = Path(tempfile.mkdtemp(prefix="rrs-mem-test-", dir="/dev/shm"))
-    yield d
-    import shutil
-
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def run_readers(s3, model: dict, relay_dir: Path, limit: int, readers: int, budget: bool) -> tuple[list[dict], int, int]:

@@ -203,6 +203,14 @@ def shared_tmp():
 
 
 @pytest.fixture
+def shm_relay_dir():
+    """A node relay directory of the test's own in /dev/shm (``RAY_RUNAI_SHIM_RELAY_DIR``)."""
+    d = Path(tempfile.mkdtemp(prefix="rrs-relay-", dir="/dev/shm"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
 def sandbox(s3, tmp_path_factory) -> Sandbox:
     # Short, private path: Ray's socket paths must stay under ~107 characters.
     root = Path(tempfile.mkdtemp(prefix="rrs-", dir="/tmp"))
