@@ -26,6 +26,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
@@ -108,7 +109,14 @@ def serve_deploy(sandbox, cluster: RayCluster, model, *, first_line: str, env_va
     cmd = ([serve, "deploy", str(config), "-a", cluster.dashboard_url] if how == "deploy"
            else [serve, "run", str(config), "--non-blocking", "-a", cluster.address])
     proc = subprocess.run(cmd, env=cluster.env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    if proc.returncode != 0 and how == "run" and "Submitted deploy config" not in proc.stdout + proc.stderr:
+        # Ray's own driver aborted before submitting (a CI run saw a core-worker stack trace, once in
+        # ~20 runs, on a loaded 2-core box). The app's module was never imported, so this is not the
+        # shim; say it, and submit once more: a second abort fails the test.
+        warnings.warn(f"`serve run` aborted before submitting; once more. Its stderr began: {proc.stderr[:2000]}",
+                      stacklevel=2)
+        proc = subprocess.run(cmd, env=cluster.env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[:4000] + "\n[...]\n" + proc.stderr[-1500:]
     deadline = time.monotonic() + 480
     answer = {}
     while time.monotonic() < deadline:

@@ -183,6 +183,10 @@ def make_sandbox(s3: S3Server, root: Path, **extra: str) -> Sandbox:
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_CPU_KVCACHE_SPACE": "1",
+            # vLLM's model-class inspection (a ~10 s subprocess per engine) is cached here, keyed by
+            # vLLM's source hash: shared across sandboxes, it runs once per test run. Assets (which
+            # the shim's aux pull writes) stay under the sandbox's XDG_CACHE_HOME.
+            "VLLM_CACHE_ROOT": str(CACHE / "vllm-cache"),
             "VLLM_HOST_IP": "127.0.0.1",
             "RAY_RUNAI_SHIM_TEST_COMPAT": "1",
             "RAY_RUNAI_SHIM_TEST_ENGINE_LOG": str(engine_log),
