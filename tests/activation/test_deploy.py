@@ -110,9 +110,10 @@ def serve_deploy(sandbox, cluster: RayCluster, model, *, first_line: str, env_va
            else [serve, "run", str(config), "--non-blocking", "-a", cluster.address])
     proc = subprocess.run(cmd, env=cluster.env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0 and how == "run" and "Submitted deploy config" not in proc.stdout + proc.stderr:
-        # Ray's own driver aborted before submitting (a CI run saw a core-worker stack trace, once in
-        # ~20 runs, on a loaded 2-core box). The app's module was never imported, so this is not the
-        # shim; say it, and submit once more: a second abort fails the test.
+        # Ray's own driver aborted before submitting (one CI run saw a C++ stack trace here, on a
+        # loaded 2-core box; never reproduced alone). A config's app module is imported by the
+        # controller, not this driver, so this is not the shim; say it and submit once more: a
+        # second abort fails the test.
         warnings.warn(f"`serve run` aborted before submitting; once more. Its stderr began: {proc.stderr[:2000]}",
                       stacklevel=2)
         proc = subprocess.run(cmd, env=cluster.env, capture_output=True, text=True, timeout=600)
