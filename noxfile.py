@@ -13,6 +13,7 @@ nox itself creates no venvs. Every session writes a verdict to
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import nox
@@ -148,8 +149,6 @@ def matrix_ci(session: nox.Session) -> None:
     two lanes side by side: a session waits on Ray's processes more than it computes (46 % idle
     on 2 cores, measured on ray-2.60.0), so two lanes take about the longer lane's time. Each
     lane's output is printed when it ends; any failing lane fails the session."""
-    import subprocess
-
     env = {**os.environ, SKIP_BASE_E2E: "1", CI_SUBSET: "1"}
     RESULTS.mkdir(parents=True, exist_ok=True)
     procs = []

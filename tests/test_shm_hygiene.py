@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 from support import shm
 
 
 def test_only_new_unused_vllm_segments_are_removed():
-    root = Path(tempfile.mkdtemp(prefix="rrs-shm-test-", dir="/dev/shm"))
-    try:
+    with shm.tmpdir("rrs-shm-test-") as root:
         (root / "psm_old").write_bytes(b"x")  # was there before: never ours
         before = shm.snapshot(root)
         for name in ("psm_new", "psm_busy", "rank0-cpushm_1", "not-vllm"):
@@ -27,15 +24,10 @@ def test_only_new_unused_vllm_segments_are_removed():
             holder.communicate(timeout=30)
         assert removed == ["psm_new", "rank0-cpushm_1"]
         assert sorted(p.name for p in root.iterdir()) == ["not-vllm", "psm_busy", "psm_old"]
-    finally:
-        import shutil
-
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_the_end_of_run_sweep_waits_for_a_stopping_engines_last_process():
-    root = Path(tempfile.mkdtemp(prefix="rrs-shm-test-", dir="/dev/shm"))
-    try:
+    with shm.tmpdir("rrs-shm-test-") as root:
         before = shm.snapshot(root)
         (root / "psm_stopping").write_bytes(b"x")
         holder = subprocess.Popen([sys.executable, "-c", f"import sys, time, mmap; f = open({str(root / 'psm_stopping')!r}, 'r+b');"
@@ -48,7 +40,3 @@ def test_the_end_of_run_sweep_waits_for_a_stopping_engines_last_process():
         finally:
             holder.wait(timeout=30)
         assert list(root.iterdir()) == []
-    finally:
-        import shutil
-
-        shutil.rmtree(root, ignore_errors=True)

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from support import shm
 from support.fixtures import make_sandbox
 from support.procs import REPO
 from support.proxy import CountingProxy
@@ -25,28 +26,27 @@ MODEL = "tiny-sharded"
 
 def run_pipeline(s3, model, *, relay: str, tp: int = 1, concurrency: int = 1, **env: str) -> dict:
     root = Path(tempfile.mkdtemp(prefix=f"rrs-rl{relay[:2]}-", dir="/tmp"))
-    relay_dir = Path(tempfile.mkdtemp(prefix="rrs-relay-", dir="/dev/shm"))
     sandbox = make_sandbox(s3, root)
     try:
-        with CountingProxy(s3.port) as proxy:
-            sandbox.env.update(AWS_ENDPOINT_URL=proxy.endpoint, AWS_ENDPOINT_URL_S3=proxy.endpoint,
-                               RAY_RUNAI_SHIM_RELAY=relay, RAY_RUNAI_SHIM_RELAY_DIR=str(relay_dir), **env)
-            if tp > 1:
-                sandbox.env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % 2) for i in range(tp))
-            out = root / "rows.json"
-            proc = subprocess.run(
-                [sys.executable, str(REPO / "examples" / "stream_from_s3.py"), model.uri, "--cpu", "--json", str(out),
-                 "--tensor-parallel-size", str(tp), "--concurrency", str(concurrency)],
-                env=sandbox.env, cwd=str(root), capture_output=True, text=True, timeout=900)
-            weights = proxy.body_bytes(".safetensors")
-        logs = "\n".join(p.read_text(errors="replace") for p in root.glob("tmp/ray/session_2*/logs/worker-*"))
-        assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}\n{logs[-6000:]}"
-        return {"rows": json.loads(out.read_text())["rows"], "store_weight_bytes": weights, "logs": logs,
-                "left_in_relay_dir": sorted(str(p.relative_to(relay_dir)) for p in relay_dir.rglob("*")),
-                "weights_on_disk": sandbox.weight_bytes_on_disk(model)}
+        with shm.tmpdir("rrs-relay-") as relay_dir:
+            with CountingProxy(s3.port) as proxy:
+                sandbox.env.update(AWS_ENDPOINT_URL=proxy.endpoint, AWS_ENDPOINT_URL_S3=proxy.endpoint,
+                                   RAY_RUNAI_SHIM_RELAY=relay, RAY_RUNAI_SHIM_RELAY_DIR=str(relay_dir), **env)
+                if tp > 1:
+                    sandbox.env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % 2) for i in range(tp))
+                out = root / "rows.json"
+                proc = subprocess.run(
+                    [sys.executable, str(REPO / "examples" / "stream_from_s3.py"), model.uri, "--cpu", "--json", str(out),
+                     "--tensor-parallel-size", str(tp), "--concurrency", str(concurrency)],
+                    env=sandbox.env, cwd=str(root), capture_output=True, text=True, timeout=900)
+                weights = proxy.body_bytes(".safetensors")
+            logs = "\n".join(p.read_text(errors="replace") for p in root.glob("tmp/ray/session_2*/logs/worker-*"))
+            assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}\n{logs[-6000:]}"
+            return {"rows": json.loads(out.read_text())["rows"], "store_weight_bytes": weights, "logs": logs,
+                    "left_in_relay_dir": sorted(str(p.relative_to(relay_dir)) for p in relay_dir.rglob("*")),
+                    "weights_on_disk": sandbox.weight_bytes_on_disk(model)}
     finally:
         shutil.rmtree(root, ignore_errors=True)
-        shutil.rmtree(relay_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from support import shm
 from support.fixtures import BUCKET, make_sandbox
 from support.procs import REPO, last_json, run_python
 
@@ -128,20 +129,19 @@ def serve_with_relay(s3, models, relay: str) -> dict:
 
     model = models[MODEL]
     sandbox = make_sandbox(s3, Path(tempfile.mkdtemp(prefix=f"rrs-svrl{relay[:2]}-", dir="/tmp")))
-    relay_dir = Path(tempfile.mkdtemp(prefix="rrs-relay-", dir="/dev/shm"))
     try:
-        with CountingProxy(s3.port) as proxy:
-            sandbox.env.update(AWS_ENDPOINT_URL=proxy.endpoint, AWS_ENDPOINT_URL_S3=proxy.endpoint,
-                               RAY_RUNAI_SHIM_RELAY=relay, RAY_RUNAI_SHIM_RELAY_DIR=str(relay_dir))
-            run = deploy(sandbox, [["tiny", model.uri, {"replicas": 2}]], shim=True)
-            run["store_weight_bytes"] = proxy.body_bytes(".safetensors")
-        run["left_in_relay_dir"] = sorted(str(p.relative_to(relay_dir)) for p in relay_dir.rglob("*"))
-        run["weights_on_disk"] = sandbox.weight_bytes_on_disk(model)
-        run["size"] = sum((model.local / w).stat().st_size for w in model.weights)
-        return run
+        with shm.tmpdir("rrs-relay-") as relay_dir:
+            with CountingProxy(s3.port) as proxy:
+                sandbox.env.update(AWS_ENDPOINT_URL=proxy.endpoint, AWS_ENDPOINT_URL_S3=proxy.endpoint,
+                                   RAY_RUNAI_SHIM_RELAY=relay, RAY_RUNAI_SHIM_RELAY_DIR=str(relay_dir))
+                run = deploy(sandbox, [["tiny", model.uri, {"replicas": 2}]], shim=True)
+                run["store_weight_bytes"] = proxy.body_bytes(".safetensors")
+            run["left_in_relay_dir"] = sorted(str(p.relative_to(relay_dir)) for p in relay_dir.rglob("*"))
+            run["weights_on_disk"] = sandbox.weight_bytes_on_disk(model)
+            run["size"] = sum((model.local / w).stat().st_size for w in model.weights)
+            return run
     finally:
         shutil.rmtree(sandbox.root, ignore_errors=True)
-        shutil.rmtree(relay_dir, ignore_errors=True)
 
 
 @pytest.mark.engine

@@ -12,11 +12,11 @@ import json
 import logging
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from support import shm
 from support.fixtures import BUCKET
 from support.procs import base_env
 from support.proxy import CountingProxy
@@ -56,12 +56,9 @@ def big(s3, models, tmp_path_factory):
 @pytest.fixture
 def relay_dir(monkeypatch):
     """A relay directory of this test's own in /dev/shm (memory-backed, like the default)."""
-    d = Path(tempfile.mkdtemp(prefix="rrs-relay-test-", dir="/dev/shm"))
-    monkeypatch.setenv(relay.RELAY_DIR, str(d))
-    yield d
-    import shutil
-
-    shutil.rmtree(d, ignore_errors=True)
+    with shm.tmpdir("rrs-relay-test-") as d:
+        monkeypatch.setenv(relay.RELAY_DIR, str(d))
+        yield d
 
 
 def start_reader(s3, endpoint: str, model: dict, relay_dir: Path, **args):

@@ -209,9 +209,8 @@ def shared_tmp():
 @pytest.fixture
 def shm_relay_dir():
     """A node relay directory of the test's own in /dev/shm (``RAY_RUNAI_SHIM_RELAY_DIR``)."""
-    d = Path(tempfile.mkdtemp(prefix="rrs-relay-", dir="/dev/shm"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+    with shm.tmpdir("rrs-relay-") as d:
+        yield d
 
 
 @pytest.fixture

@@ -10,9 +10,13 @@ that was there before.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
+import shutil
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 SHM = Path("/dev/shm")
@@ -72,3 +76,13 @@ def clean_new(before: set[str], root: Path = SHM, wait_s: float = 0.0) -> list[s
         if not any(n in busy for n in new) or time.monotonic() >= deadline:
             return removed
         time.sleep(1.0)
+
+
+@contextlib.contextmanager
+def tmpdir(prefix: str) -> Iterator[Path]:
+    """A directory of the test's own in /dev/shm (memory-backed, like the relay's default), removed after."""
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir=str(SHM)))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
