@@ -111,7 +111,8 @@ def run_across_nodes(sandbox, model: Path, uri: str, route: str, shim: bool) -> 
         pytest.skip(f"no private mount namespace here: {why}")
     env = {**sandbox.env, "RAY_RUNAI_SHIM_TEST_CPU_RAY": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     env.pop("RAY_RUNAI_SHIM_TEST_ENGINE_LOG", None)
-    env.pop("VLLM_CACHE_ROOT", None)  # the nodes share no disk: not even the other tests' vLLM cache
+    for shared in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR"):  # the nodes share no disk: not even
+        env.pop(shared, None)  # the other tests' vLLM or torch caches
     if not shim:
         env["RAY_RUNAI_SHIM_DISABLE"] = "1"
     with RayCluster(env) as cluster:

@@ -187,6 +187,9 @@ def make_sandbox(s3: S3Server, root: Path, **extra: str) -> Sandbox:
             # vLLM's source hash: shared across sandboxes, it runs once per test run. Assets (which
             # the shim's aux pull writes) stay under the sandbox's XDG_CACHE_HOME.
             "VLLM_CACHE_ROOT": str(CACHE / "vllm-cache"),
+            # The same for torch's compiled kernels: with TP > 1 every rank compiles vLLM's masked
+            # vocab lookup (~10 CPU-s of C++ per rank) into TMPDIR/torchinductor_<user> unless told.
+            "TORCHINDUCTOR_CACHE_DIR": str(CACHE / "torchinductor"),
             "VLLM_HOST_IP": "127.0.0.1",
             "RAY_RUNAI_SHIM_TEST_COMPAT": "1",
             "RAY_RUNAI_SHIM_TEST_ENGINE_LOG": str(engine_log),
