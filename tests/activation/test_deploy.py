@@ -51,6 +51,7 @@ app = build_openai_app({{"llm_configs": [LLMConfig(
     accelerator_type="Intel-GAUDI",
     resources_per_bundle={{"CPU": 1}},
     deployment_config={{"autoscaling_config": {{"min_replicas": 1, "max_replicas": 1}}}},
+    experimental_configs={{"num_router_replicas": 1}},  # not two per model replica (support/serve_app.py)
 )]}})
 '''
 CONFIG = '''

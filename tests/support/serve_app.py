@@ -85,6 +85,10 @@ def main(apps: list, out: str) -> None:
             accelerator_type="Intel-GAUDI",
             resources_per_bundle={"CPU": 1},
             deployment_config={"autoscaling_config": {"min_replicas": n, "max_replicas": n}},
+            # One OpenAI router, not Ray's default of two per model replica: each router replica
+            # is a process importing Serve LLM and vLLM's API (~10 CPU-s), and nothing here needs
+            # more than one. The shim acts in the model replicas, never in the router.
+            experimental_configs={"num_router_replicas": 1},
         )
         for (model_id, source, *_), n in zip(apps, replicas)
     ]
