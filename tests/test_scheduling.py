@@ -17,6 +17,16 @@ def test_every_shared_unit_names_a_real_file():
         assert (REPO / path).is_file(), path
 
 
+def run_pytest(root, workers: int) -> str:
+    """A real ``pytest -n <workers> --dist loadfile -v`` of *root*'s ``tests/*_test.py``; its output."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", str(workers), "--dist", "loadfile", "-v", "-p", "no:cacheprovider",
+         "-o", "python_files=*_test.py", "tests"],
+        cwd=str(root), env=base_env({}), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
 A, B, C = "tests/unit_a_test.py", "tests/unit_b_test.py", "tests/unit_c_test.py"
 
 
@@ -32,15 +42,11 @@ def workers_of(tmp_path, plugin: bool) -> dict:
             "from support import scheduling\n"
             f"scheduling.SHARED_UNITS.update({{{A!r}: 'u', {B!r}: 'u'}})\n"
             "pytest_plugins = ['support.scheduling']\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadfile", "-v", "-p", "no:cacheprovider",
-         "-o", "python_files=*_test.py", "tests"],
-        cwd=str(root), env=base_env({}), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    stdout = run_pytest(root, workers=2)
     workers = {}
-    for m in re.finditer(r"\[(gw\d)\][^\n]*?PASSED (tests/\w+\.py)", proc.stdout):
+    for m in re.finditer(r"\[(gw\d)\][^\n]*?PASSED (tests/\w+\.py)", stdout):
         workers.setdefault(m.group(2), set()).add(m.group(1))
-    assert set(workers) == {A, B, C}, proc.stdout[-3000:]
+    assert set(workers) == {A, B, C}, stdout[-3000:]
     return workers
 
 
@@ -63,13 +69,9 @@ def first_file_run(tmp_path, plugin: bool) -> str:
         conftest += (f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
                      "pytest_plugins = ['support.scheduling']\n")
     (root / "conftest.py").write_text(conftest)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "1", "--dist", "loadfile", "-v", "-p", "no:cacheprovider",
-         "-o", "python_files=*_test.py", "tests"],
-        cwd=str(root), env=base_env({}), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    m = re.search(r"PASSED (tests/\w+\.py)", proc.stdout)
-    assert m, proc.stdout[-3000:]
+    stdout = run_pytest(root, workers=1)
+    m = re.search(r"PASSED (tests/\w+\.py)", stdout)
+    assert m, stdout[-3000:]
     return m.group(1)
 
 
