@@ -14,7 +14,7 @@ from typing import Any, Optional
 from .activation import bootstrap as _bootstrap
 from .errors import ShimError
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["__version__", "install", "uninstall", "status", "runtime_env", "ShimError"]
 

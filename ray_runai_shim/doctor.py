@@ -189,7 +189,9 @@ def node_report() -> dict[str, Any]:
     room = memory.room(Path("/dev/shm"))
     usable = room.usable()
     user_limit = os.environ.get("RUNAI_STREAMER_MEMORY_LIMIT")
+    copies = relay.copies()
     return {
+        "relay_copies": [{"path": str(c.path), "uri": c.uri, "bytes": c.nbytes, "held": c.held} for c in copies],
         "relay": relay.mode(),
         "relay_dir": str(relay.root()),
         "memory": room.describe(),
@@ -269,6 +271,13 @@ def render(r: dict[str, Any]) -> str:
               f"  memory: {n['memory']}",
               "  streamer memory per reader: " + "; ".join(f"{k} reader(s): {v}" for k, v in n["budget_per_reader"].items()),
               f"  readers of the relay's copy: {n['relay_copy_reader_buffer']} each"]
+    held = [c for c in n["relay_copies"] if c["held"]]
+    loose = [c for c in n["relay_copies"] if not c["held"]]
+    lines.append(f"  relay copies on this node: {len(held)} held by a reader, {len(loose)} held by nothing "
+                 f"({human_bytes(sum(c['bytes'] for c in loose))} of memory; freed by the next relay use, "
+                 f"or kept under RAY_RUNAI_SHIM_RELAY_KEEP)")
+    lines += [f"    {'held' if c['held'] else 'NOT HELD'}: {c['path']} ({human_bytes(c['bytes'])}, {c['uri']})"
+              for c in n["relay_copies"]]
     m = r.get("model")
     if m:
         from .diagnostics.redact import shown_uri

@@ -11,6 +11,8 @@ import pytest
 from support.fixtures import BUCKET
 from support.procs import base_env
 
+import ray_runai_shim
+
 
 def doctor_run(s3, *args: str, python: str = sys.executable, **env_extra: str) -> subprocess.CompletedProcess:
     env = base_env({**s3.env(), **env_extra}, site=False)
@@ -115,7 +117,7 @@ def test_sdist_and_wheel_install_into_a_clean_venv_and_doctor_runs(built, s3, tm
                        text=True, env=base_env(site=False), timeout=120)
     assert p.returncode == 0, p.stderr
     report = json.loads(p.stdout)
-    assert report["versions"]["ray-runai-shim"] == "0.1.0" and report["versions"]["ray"] is None
+    assert report["versions"]["ray-runai-shim"] == ray_runai_shim.__version__ == "0.2.0" and report["versions"]["ray"] is None
     assert report["plan"]["why"] == "Ray is not installed here"
 
 

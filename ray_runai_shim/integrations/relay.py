@@ -29,6 +29,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from ..errors import ShimError
 from ..failopen import NotApplicable, fail_open
 from ..log import human_bytes, logger
 from ..snapshot import headers, memory
@@ -179,10 +180,10 @@ def _checkpoint(weights: str, fs_and_path: FsAndPath) -> tuple[int, Callable[[],
     if not is_remote_uri(weights):
         files = sorted(Path(weights).rglob("*.safetensors"))
         return sum(f.stat().st_size for f in files), lambda: headers.largest_local(files)
-    from ..snapshot.fetch import _open_store, default_fs_and_path, list_model
+    from ..snapshot.fetch import default_fs_and_path, list_model, open_store
 
     fs_and_path = fs_and_path or default_fs_and_path
-    fs, prefix, _ = _open_store(weights, fs_and_path)
+    fs, prefix, _ = open_store(weights, fs_and_path)
     listing = list_model(weights, fs_and_path)
     keys = [f"{prefix}/{f.key}" for f in listing.weights if f.key.endswith(".safetensors")]
     return listing.weight_bytes, lambda: headers.largest_remote(fs, keys)
@@ -240,8 +241,35 @@ def _weights_of(model_config: Any) -> Optional[str]:
     return weights if isinstance(weights, str) and is_remote_uri(weights) else None
 
 
+STREAMER_FORMATS = ("runai_streamer", "runai_streamer_sharded")
+
+
+def _readable_limit(raw: Any) -> bool:
+    try:
+        return not isinstance(raw, bool) and int(str(raw)) >= -1
+    except ValueError:
+        return False
+
+
+def check_memory_limit(engine_args: Any) -> None:
+    """Name a streamer memory limit the streamer cannot read, before the engine starts: it
+    reads ``RUNAI_STREAMER_MEMORY_LIMIT`` with ``int()`` only when a rank loads, deep in the
+    engine's start, and fails there with ``invalid literal for int()``."""
+    for where, raw in ((MEMORY_LIMIT, os.environ.get(MEMORY_LIMIT)),
+                       ('model_loader_extra_config["memory_limit"]', _extra(engine_args).get("memory_limit"))):
+        if raw is None or _readable_limit(raw):
+            continue
+        raise ShimError(
+            f"ray-runai-shim: {where}={raw!r} is not a limit the Run:ai streamer can read: it takes a whole number "
+            "of bytes (e.g. 4000000000 for 4 GB; 0: one tensor at a time; -1: no limit), no units, and would fail "
+            f"on {raw!r} only once the engine loads its weights. Fix: set it to a number of bytes, or unset it "
+            "and the shim shares the node's memory among its readers.")
+
+
 @fail_open("the node relay", fallback="this engine streams its weights from the store itself")
 def create_engine_config(original: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    if normalize_load_format(getattr(instance, "load_format", None)) in STREAMER_FORMATS:
+        check_memory_limit(instance)
     if normalize_load_format(getattr(instance, "load_format", None)) not in RELAYED_FORMATS:
         raise NotApplicable("not the runai_streamer load format")
     if _extra(instance).get("distributed"):
@@ -263,8 +291,8 @@ def create_engine_config(original: Callable[..., Any], instance: Any, args: tupl
     else:
         unsigned = os.environ.get(UNSIGNED) == "1"  # the streamer's spelling of Ray's s3://anonymous@
         got = node_relay.acquire(join_anonymous(uri) if unsigned else uri)
-        if got is None:  # does not fit: streams from the store (acquire said so)
-            _decided(f"{readers} reader(s): the copy does not fit this node; stream {uri} from the store")
+        if got is None:  # no copy (does not fit, unsafe directory, failed or stalled): acquire said why
+            _decided(f"{readers} reader(s): no relay copy on this node (see its WARNING); stream {uri} from the store")
         else:
             _decided(f"{readers} reader(s) on this node: {uri} relayed through {got.path}")
             object.__setattr__(model_config, "model_weights", got.uri)

@@ -51,6 +51,11 @@ __all__ = [
     "check_model_config",
     "check_source",
     "check_streamable",
+    "identity_of",
+    "metadata_of",
+    "open_store",
+    "probe_identity",
+    "run_all",
     "default_fs_and_path",
     "fetch_nonweights",
     "list_model",
@@ -175,7 +180,7 @@ def check_model_config(listing: Listing, engine_kwargs: Optional[dict[str, Any]]
     )
 
 
-def _open_store(uri: str, fs_and_path: FsAndPath) -> tuple[Any, str, Store]:
+def open_store(uri: str, fs_and_path: FsAndPath) -> tuple[Any, str, Store]:
     check_source(uri)
     refuse_endpoint_credentials(uri)  # before any request: the SDK would only say "host does not resolve"
     try:
@@ -192,7 +197,7 @@ def list_model(uri: str, fs_and_path: FsAndPath = default_fs_and_path) -> Listin
     """List every object under the model prefix and split weights from the rest."""
     import pyarrow.fs as pa_fs
 
-    fs, prefix, store = _open_store(uri, fs_and_path)
+    fs, prefix, store = open_store(uri, fs_and_path)
     try:
         infos = fs.get_file_info(pa_fs.FileSelector(prefix, recursive=True))
     except FileNotFoundError as e:
@@ -271,7 +276,7 @@ def check_streamable(listing: Listing, load_format: str, engine_kwargs: dict[str
 _IDENTITY_FIELDS = (("generation", "generation"), ("ETag", "etag"), ("etag", "etag"), ("md5Hash", "md5"))
 
 
-def _identity(metadata: Any) -> Optional[str]:
+def identity_of(metadata: Any) -> Optional[str]:
     if not metadata:
         return None
     for field, label in _IDENTITY_FIELDS:
@@ -285,24 +290,24 @@ def _identity(metadata: Any) -> Optional[str]:
     return None
 
 
-def _metadata(stream: Any) -> Any:
+def metadata_of(stream: Any) -> Any:
     try:
         return stream.metadata()
     except (OSError, NotImplementedError, AttributeError):
         return None
 
 
-def _probe(f: RemoteFile, fs: Any, prefix: str, uri: str, store: Store) -> Optional[str]:
+def probe_identity(f: RemoteFile, fs: Any, prefix: str, uri: str, store: Store) -> Optional[str]:
     """The object's content identity (S3: a HEAD; GCS: an object-metadata request)."""
     src = f"{prefix}/{f.key}"
     try:
         with fs.open_input_stream(src, compression=AS_STORED) as stream:
-            return _identity(_metadata(stream))
+            return identity_of(metadata_of(stream))
     except OSError as e:
         raise store_error(e, uri=f"{uri.rstrip('/')}/{f.key}", store=store, action="read") from None
 
 
-def _run_all(fn: Callable[..., Any], items: list[Any], *args: Any) -> list[Any]:
+def run_all(fn: Callable[..., Any], items: list[Any], *args: Any) -> list[Any]:
     """*fn(item, *args)* for every item on a small thread pool; the first error wins and
     the rest are cancelled."""
     if not items:
@@ -376,7 +381,7 @@ def _copy_one(f: RemoteFile, job: _Job) -> tuple[int, str, Optional[str]]:
     except OSError as e:
         raise store_error(e, uri=obj_uri, store=job.store, action="read") from None
     with fin:
-        seen = _identity(_metadata(fin))
+        seen = identity_of(metadata_of(fin))
         try:
             fout = job.staging.create(rel)
         except OSError as e:
@@ -442,7 +447,7 @@ def _materialise(
         try:
             job = _Job(fs, prefix, uri, store, staging, paths, listing.nonweight_bytes,
                        _Progress(uri, len(listing.nonweights), listing.nonweight_bytes))
-            copied = _run_all(_copy_one, listing.nonweights, job)
+            copied = run_all(_copy_one, listing.nonweights, job)
             files: dict[str, dict[str, Any]] = {}
             for f, (size, sha, seen) in zip(listing.nonweights, copied):
                 if known and seen is not None and seen != f.identity:
@@ -495,8 +500,8 @@ def fetch_nonweights(
         if load_format in STREAMABLE_SUFFIXES:  # not for tokenizer-only downloads ("auto"): they need no config
             check_model_config(listing, engine_kwargs)
         paths = plan_local_paths([f.key for f in listing.nonweights])
-        fs, prefix, store = _open_store(uri, fs_and_path)
-        idents = _run_all(_probe, listing.nonweights, fs, prefix, uri, store)
+        fs, prefix, store = open_store(uri, fs_and_path)
+        idents = run_all(probe_identity, listing.nonweights, fs, prefix, uri, store)
         for f, ident in zip(listing.nonweights, idents):
             f.identity = ident
         place = cache.open_place(Path(root) if root is not None else None)

@@ -6,6 +6,12 @@ deleting a version needs the exclusive lock, taken non-blocking, so a version
 some process still reads is never removed. Lock files may be unlinked by the
 deleter, so every lock is re-checked to be on the file the path names now.
 One fetch lock per (store, URI) makes concurrent actors fetch each file once.
+
+A lock that a ``fork`` shares is not a hold: ``flock`` belongs to the open file
+description, which a forked child shares, so a child that outlives its parent's
+release would keep the lock (and the copy under it) alive. Locks registered with
+:func:`not_inherited` are closed in every forked child; ``O_CLOEXEC`` already keeps
+them from ``exec``'d (spawned) ones.
 """
 
 from __future__ import annotations
@@ -83,6 +89,70 @@ def hold(vdir: Path) -> bool:
                 _held[key] = fd
                 return True
             os.close(fd)  # the file was removed between open and lock: retry on the new one
+
+
+_no_inherit: set[int] = set()
+_no_inherit_guard = threading.Lock()
+
+
+def _close_in_child() -> None:
+    for fd in list(_no_inherit):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _no_inherit.clear()
+
+
+#: Tests turn this off to show what a forked child does with a shared lock otherwise.
+CLOSE_IN_CHILD = True
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _close_in_child() if CLOSE_IN_CHILD else None)
+
+
+def not_inherited(fd: int) -> int:
+    """Close *fd* in every child this process forks from now on (until :func:`close`)."""
+    with _no_inherit_guard:
+        _no_inherit.add(fd)
+    return fd
+
+
+def close(fd: int) -> None:
+    """Close a lock fd (dropping its lock) and forget it for forked children."""
+    with _no_inherit_guard:
+        _no_inherit.discard(fd)
+    os.close(fd)
+
+
+def flock_path(path: Path, how: int, deadline: Optional[float] = None, mode: int = 0o600) -> Optional[int]:
+    """``flock`` *path* (``O_NOFOLLOW``, re-opened if the file was unlinked and re-created
+    meanwhile) and return its fd, registered with :func:`not_inherited`. Blocks when
+    *deadline* is None; else polls until then and returns None (at once for a deadline in
+    the past)."""
+    while True:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC, mode)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, how | (fcntl.LOCK_NB if deadline is not None else 0))
+                    break
+                except OSError as e:
+                    if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                        raise
+                    if deadline is None or time.monotonic() >= deadline:
+                        os.close(fd)
+                        return None
+                    time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        except BaseException:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+            raise
+        if same_file(fd, path):
+            return not_inherited(fd)
+        os.close(fd)  # removed meanwhile by whoever freed it: lock the new one
 
 
 def try_exclusive(path: Path) -> Optional[int]:

@@ -2,25 +2,31 @@
 
 Several engines of one model on a node (Ray Data ``concurrency=N``, Serve ``num_replicas=N``)
 and the tensor-parallel ranks of one engine each stream the whole checkpoint: the node reads
-N x S. With the relay, the first reader on the node fetches the weight objects once, with
+N x S. With the relay, the first reader on the node copies the weight objects once, with
 parallel ranged GETs, into a memory-backed directory (``/dev/shm`` unless
-``RAY_RUNAI_SHIM_RELAY_DIR`` names another); the others wait on the same lock; then every
-reader streams the local files with the same ``runai_streamer`` load format.
+``RAY_RUNAI_SHIM_RELAY_DIR`` names another); the others wait for it; then every reader
+streams the local files with the same ``runai_streamer`` load format.
 
-The rules that keep it honest (the same ones as the non-weight cache):
+It is on by default, so it must be safe to leave on (docs/node-relay.md has the table):
 
-* keyed by store, endpoint, URI and every weight object's size and mtime: never stale,
-  never shared across stores; the directory is private to this user (0700);
-* a copy is served only once complete: staging directory, sizes checked, a completion
-  marker, one ``rename``; a half file is never visible;
-* one exclusive ``flock`` per key for the fetch: a fetcher that crashes or is killed drops
-  it, and the next reader takes over (stale staging directories are removed);
-* a reader holds a shared ``flock`` from :func:`acquire` to :func:`release`; the last one
-  out (the exclusive lock taken without waiting) frees the copy, unless it fits under
-  ``RAY_RUNAI_SHIM_RELAY_KEEP`` (bytes kept for restarts);
-* when the copy does not fit the node's memory (:mod:`.memory`), :func:`acquire` returns
-  None after one log line and the caller streams from the store as before -- never Ray's
-  full copy, never an OOM.
+* **nothing outlives its readers**: a reader holds a shared ``flock`` on ``.<key>.use`` from
+  :func:`acquire` to :func:`release`; the kernel drops it when the reader dies, however it
+  dies, and forked children never inherit it (:func:`.locks.not_inherited`). Every acquire
+  and release sweeps the directory: a copy nobody holds is freed unless it fits under
+  ``RAY_RUNAI_SHIM_RELAY_KEEP`` (a total for the node, most recently used kept first); an
+  older version of a model being acquired now is never kept; half copies of dead fetchers
+  are removed;
+* **never torn, never stale**: the key holds the store, the reading identity, the URI and
+  every weight object's size and content identity (S3 ETag, GCS generation); the copy is
+  pinned to those identities -- each object's is read again when it is opened and after its
+  last range, and any change refuses the copy -- and its marker records what was checked;
+* **no other account in the way**: the directory is created atomically 0700, checked with
+  ``lstat`` (a symlink, another owner or a group/other bit: one WARNING, the readers stream),
+  and every file is created ``O_EXCL|O_NOFOLLOW`` relative to its directory
+  (:class:`.staging.Staging`);
+* **a failed copy never fails a reader**: a store that stalls past the retries, a directory
+  that fills up, an object that changed, a fetcher that stops making progress: one WARNING
+  naming the cause, and every reader streams from the store as it would without the relay.
 """
 
 from __future__ import annotations
@@ -35,31 +41,53 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
 from ..diagnostics.redact import redact_text
 from ..errors import ShimError
 from ..log import human_bytes, logger
+from ..stores.endpoint import principal
 from ..tables import settings
-from . import memory
-from .fetch import FsAndPath, Listing, _open_store, default_fs_and_path, list_model
-from .locks import same_file
+from . import locks, memory
+from .fetch import (
+    FsAndPath,
+    Listing,
+    default_fs_and_path,
+    identity_of,
+    list_model,
+    metadata_of,
+    open_store,
+    probe_identity,
+    run_all,
+)
+from .staging import (
+    LEGACY_STAGING,
+    STAGING,
+    Staging,
+    UnsafeDirectory,
+    private_dir,
+    staging_label,
+    staging_owner_alive,
+)
 
 RELAY, RELAY_DIR, RELAY_KEEP = settings.RELAY, settings.RELAY_DIR, settings.RELAY_KEEP
 MARKER = ".ray-runai-shim-relay.json"
 RANGE_BYTES = 32 << 20
 WORKERS = 8
-DEFAULT_WAIT_S = 3600.0
-#: Tries per range. pyarrow's S3 client gives up on a reply that sends nothing for 3 s
-#: (the AWS SDK's request timeout); a congested link or a starved store does that now and
-#: then, and one stalled range must not cost the node its copy (every reader would then
-#: stream from the store). Measured: tests/snapshot/test_relay.py's stalled range.
-RANGE_TRIES = 4
+#: A copy (or a range of it) that makes no progress for this long is given up: the fetcher
+#: streams, and so does every reader waiting for it. Progress, not a fixed clock: a slow but
+#: moving copy is waited for however long it takes.
+STALL_S = 120.0
+#: A copy that failed this recently is not tried again by the next waiter: it streams.
+FAILED_S = 60.0
 RETRY_PAUSE_S = 0.5
-
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+#: Tries per range while the copy still moves elsewhere. pyarrow's S3 client gives up on a
+#: reply that sends nothing for 3 s (the AWS SDK's request timeout) and tries twice more; a
+#: busy node or a congested link does that now and then (tests/snapshot/test_relay.py).
+RANGE_TRIES = 8
+#: Tests turn this off to show what a copy is without its version pin.
+PIN_VERSIONS = True
 
 
 def mode() -> str:
@@ -79,13 +107,17 @@ def keep_bytes() -> int:
 
 
 def key_for(listing: Listing, store_key: str) -> str:
-    """Store, endpoint, URI and every weight object's (key, size, mtime): a new version of
-    any object is a new key."""
+    """Store and reading identity, URI, and every weight object's (key, size, content identity):
+    a new version of any object is a new key, and another tenant's copy is another key."""
     h = hashlib.sha256(f"{store_key}\n{listing.uri.rstrip('/')}\n".encode())
     for f in listing.weights:
-        h.update(f"{f.key}\0{f.size}\0{f.mtime_ns}\n".encode())
+        h.update(f"{f.key}\0{f.size}\0{f.identity or f.mtime_ns}\n".encode())
     flat = "".join(c if c.isalnum() or c in "-_." else "-" for c in listing.uri.partition("://")[2])
     return f"{flat.strip('-')[-60:]}-{h.hexdigest()[:16]}"
+
+
+def _label(key: str) -> str:
+    return key[-16:]
 
 
 @dataclass
@@ -104,196 +136,195 @@ class Relay:
         return str(self.path)
 
 
-def _open(path: Path) -> int:
-    return os.open(path, os.O_RDONLY | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC, 0o600)
+class CopyFailed(Exception):
+    """The copy cannot be made (the store, the directory, a changed object); readers stream."""
 
 
-def _lock(path: Path, how: int, deadline: Optional[float] = None) -> Optional[int]:
-    """flock *path* (re-opened if the file was unlinked and re-created meanwhile); None when
-    the lock is not had by *deadline* (or at once, with ``LOCK_NB``)."""
-    while True:
-        fd = _open(path)
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, how | (fcntl.LOCK_NB if deadline is not None else 0))
-                    break
-                except OSError as e:
-                    if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                        raise
-                    if deadline is None or time.monotonic() >= deadline:
-                        os.close(fd)
-                        return None
-                    time.sleep(0.05)
-        except BaseException:
-            os.close(fd)
-            raise
-        if same_file(fd, path):
-            return fd
-        os.close(fd)  # the last reader removed it meanwhile: lock the new one
+# --------------------------------------------------------------------------- markers
 
 
-def _complete(path: Path, nbytes: int) -> bool:
+def read_marker(path: Path) -> Optional[dict]:
     try:
-        marker = json.loads((path / MARKER).read_text())
+        fd = os.open(path / MARKER, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            marker = json.loads(f.read(1 << 20))
     except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def _complete(path: Path, listing: Listing) -> bool:
+    """The copy at *path* is whole and of exactly the versions *listing* names."""
+    marker = read_marker(path)
+    if marker is None or marker.get("bytes") != listing.weight_bytes:
         return False
-    return marker.get("bytes") == nbytes
+    files = marker.get("files") or {}
+    for f in listing.weights:
+        got = files.get(f.key)
+        if not isinstance(got, dict) or got.get("size") != f.size or got.get("identity") != f.identity:
+            return False
+        try:
+            if os.lstat(path / f.key).st_size != f.size:
+                return False
+        except OSError:
+            return False
+    return True
 
 
-def _read_range(src: Any, off: int, length: int, uri: str) -> bytes:
-    """*length* bytes at *off*, read again after a failed try (``RANGE_TRIES`` in all)."""
-    for attempt in range(1, RANGE_TRIES):
+def _touch(path: Path) -> None:
+    """Mark *path* used now (the sweep keeps the most recently used copies)."""
+    try:
+        os.utime(path, follow_symlinks=False)
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------- copy
+
+
+class _Progress:
+    """Bytes done, shared by the copy's threads; a range is retried while the copy moves."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.done = 0
+        self.moved = time.monotonic()
+
+    def add(self, n: int) -> None:
+        with self.lock:
+            self.done += n
+            self.moved = time.monotonic()
+
+    def stalled_for(self) -> float:
+        return time.monotonic() - self.moved
+
+
+def _read_range(src: Any, off: int, length: int, uri: str, progress: _Progress) -> bytes:
+    """*length* bytes at *off*, read again after a failed try while the copy makes progress
+    (up to ``RANGE_TRIES`` tries, and never past ``STALL_S`` without progress)."""
+    attempt = 1
+    while True:
         try:
             return src.read_at(length, off)
         except OSError as e:
+            if attempt >= RANGE_TRIES or progress.stalled_for() >= STALL_S:
+                raise
+            attempt += 1
             logger.warning("ray-runai-shim: node relay: reading %s bytes at %s from %s failed (%s); try %d of %d",
-                           length, off, uri, redact_text(str(e).splitlines()[0][:200]), attempt + 1, RANGE_TRIES)
-            time.sleep(RETRY_PAUSE_S * attempt)
-    return src.read_at(length, off)  # the last try: its error is the copy's
+                           length, off, uri, redact_text(str(e).splitlines()[0][:200]), attempt, RANGE_TRIES)
+            time.sleep(min(RETRY_PAUSE_S * attempt, 5.0))
 
 
-def _fetch_into(listing: Listing, fs: Any, prefix: str, staging: Path) -> int:
-    """Every weight object of *listing* into *staging*, in ranges read in parallel."""
-    jobs: list[tuple[Any, int, int, int]] = []  # (file handle, fd, offset, length)
-    handles: list[tuple[Any, int]] = []
+def _changed(uri: str, key: str, was: Optional[str], now: Optional[str]) -> CopyFailed:
+    return CopyFailed(f"{uri.rstrip('/')}/{key} changed while the node relay copied it ({was} became {now})")
+
+
+def _copy(listing: Listing, fs: Any, prefix: str, store: Any, base: Path, key: str, final: Path) -> int:
+    """Every weight object of *listing* into a staging directory, in ranges read in parallel,
+    pinned to the listed versions; renamed to *final* once whole. Raises :class:`CopyFailed`
+    (nothing left behind) for what the relay cannot help."""
+    staging = Staging(base, label=_label(key))
+    jobs: list[tuple[Any, int, int, int]] = []  # (source, fd, offset, length)
+    sources: list[Any] = []
+    outs: list[Any] = []
+    progress = _Progress()
     try:
         for f in listing.weights:
-            dst = staging / f.key
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
-            src = fs.open_input_file(f"{prefix}/{f.key}")  # random access: no decompression, ranged GETs
-            handles.append((src, fd))
-            if src.size() != f.size:
-                raise ShimError(f"ray-runai-shim: {listing.uri}/{f.key} changed while it was being read "
-                                f"(listed {f.size} bytes, now {src.size()}); run again")
-            os.ftruncate(fd, f.size)
-            jobs.extend((src, fd, off, min(RANGE_BYTES, f.size - off)) for off in range(0, f.size, RANGE_BYTES))
+            out = staging.create(PurePosixPath(f.key), mode=0o600)
+            outs.append(out)
+            try:  # reserve the whole object now: a full directory fails here, before any GET
+                os.posix_fallocate(out.fileno(), 0, f.size)
+            except OSError as e:
+                if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                    raise CopyFailed(_full_message(base, listing.weight_bytes)) from e
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                os.ftruncate(out.fileno(), f.size)
+            src = fs.open_input_file(f"{prefix}/{f.key}")  # random access: ranged GETs, bytes as stored
+            sources.append(src)
+            seen = identity_of(metadata_of(src))
+            if src.size() != f.size or (PIN_VERSIONS and f.identity and seen and seen != f.identity):
+                raise _changed(listing.uri, f.key, f"{f.size} bytes, {f.identity}", f"{src.size()} bytes, {seen}")
+            jobs.extend((src, out.fileno(), off, min(RANGE_BYTES, f.size - off)) for off in range(0, f.size, RANGE_BYTES))
 
         def copy(job: tuple[Any, int, int, int]) -> int:
             src, fd, off, length = job
-            data = _read_range(src, off, length, listing.uri)
+            data = _read_range(src, off, length, listing.uri, progress)
             if len(data) != length:
-                raise ShimError(f"ray-runai-shim: short read from {listing.uri} ({len(data)} of {length} "
-                                f"bytes at offset {off}); the object changed or the store cut the reply")
+                raise CopyFailed(f"short read from {listing.uri} ({len(data)} of {length} bytes at offset {off}): "
+                                 "the object changed or the store cut the reply")
             view = memoryview(data)
             done = 0
             while done < length:
                 done += os.pwrite(fd, view[done:], off + done)
+            progress.add(length)
             return length
 
         with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="rrs-relay") as pool:
-            return sum(pool.map(copy, jobs))
-    finally:
-        for src, fd in handles:
-            os.close(fd)
-            src.close()
-
-
-def _clean_stale(base: Path, key: str) -> None:
-    """Staging directories of this key left by a fetcher that died (we hold its fetch lock)."""
-    for p in base.glob(f".{key}.staging-*"):
-        shutil.rmtree(p, ignore_errors=True)
-
-
-def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Optional[Listing] = None,
-            wait_s: float = DEFAULT_WAIT_S) -> Optional[Relay]:
-    """A complete node-local copy of *uri*'s weights, held for reading until :func:`release`.
-
-    The first caller on the node fetches; the others wait for it (a crashed fetcher's lock
-    is dropped by the kernel and the next caller takes over). None, after one log line,
-    when the copy does not fit this node's memory: the caller streams from the store.
-    """
-    started = time.monotonic()
-    fs, prefix, store = _open_store(uri, fs_and_path)
-    listing = listing or list_model(uri, fs_and_path)
-    nbytes = listing.weight_bytes
-    if not listing.weights:
-        return None
-    base = root()
-    base.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if base.stat().st_uid != os.getuid():
-        raise ShimError(f"ray-runai-shim: the relay directory {base} belongs to another user; "
-                        f"set {RELAY_DIR} to a directory of your own")
-    key = key_for(listing, store.key())
-    final = base / key
-    use_fd = _lock(base / f".{key}.use", fcntl.LOCK_SH)  # a reader from here on: no one frees it
-    assert use_fd is not None  # a blocking lock always comes back with the fd
-    held = True
-    try:
-        fetched = False
-        if not _complete(final, nbytes):
-            room = memory.room(base)
-            if nbytes > room.usable():
-                logger.warning(
-                    "ray-runai-shim: the node relay cannot hold %s (%s) in %s (%s); streaming from the store "
-                    "instead (set %s to a larger directory, or %s=off)", listing.uri, human_bytes(nbytes), base,
-                    room.describe(), RELAY_DIR, RELAY)
-                held = False
-                _unlock_use(use_fd, final, key, base)
-                return None
-            fetch_fd = _lock(base / f".{key}.fetch", fcntl.LOCK_EX, deadline=time.monotonic() + wait_s)
-            if fetch_fd is None:
-                raise ShimError(f"ray-runai-shim: waited {wait_s:.0f} s for another process on this node to "
-                                f"fetch {listing.uri} into {base}; it holds the lock still")
-            try:
-                if not _complete(final, nbytes):
-                    _clean_stale(base, key)
-                    shutil.rmtree(final, ignore_errors=True)
-                    staging = base / f".{key}.staging-{os.getpid()}-{os.urandom(4).hex()}"
-                    staging.mkdir(mode=0o700)
-                    try:
-                        got = _fetch_into(listing, fs, prefix, staging)
-                        (staging / MARKER).write_text(json.dumps(
-                            {"uri": listing.uri, "store": store.key(), "bytes": got,
-                             "files": {f.key: f.size for f in listing.weights}}))
-                        os.rename(staging, final)
-                    except BaseException:
-                        shutil.rmtree(staging, ignore_errors=True)
-                        raise
-                    fetched = True
-            finally:
-                os.close(fetch_fd)
-                _unlink_if_free(base / f".{key}.fetch")
-        relay = Relay(final, key, nbytes, fetched, time.monotonic() - started, use_fd)
+            got = sum(pool.map(copy, jobs))
+        if PIN_VERSIONS:  # the other end of the pin: each object still the version the copy began with
+            now = run_all(probe_identity, listing.weights, fs, prefix, listing.uri, store)
+            for f, seen in zip(listing.weights, now):
+                if f.identity and seen != f.identity:
+                    raise _changed(listing.uri, f.key, f.identity, seen)
+        marker = {
+            "uri": listing.uri, "store": store.key(), "bytes": got, "key": key,
+            "files": {f.key: {"size": f.size, "identity": f.identity} for f in listing.weights},
+            "verified": ("every object's size, and its identity when listed, when opened and after its last "
+                         "range" if PIN_VERSIONS else "sizes only"),
+            "made": time.time(),
+        }
+        with staging.create(PurePosixPath(MARKER), mode=0o600) as out:
+            out.write(json.dumps(marker).encode())
+        for out in outs:
+            out.close()
+        outs.clear()
+        staging.commit(final)
+        return got
+    except OSError as e:
+        staging.discard()
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise CopyFailed(_full_message(base, listing.weight_bytes)) from e
+        if isinstance(e, ShimError):
+            raise
+        raise CopyFailed(f"reading {listing.uri} failed: {redact_text(str(e).splitlines()[0][:300])}") from e
     except BaseException:
-        if held:
-            _unlock_use(use_fd, final, key, base)
+        staging.discard()
         raise
-    logger.info("ray-runai-shim: node relay: %s %s of weights %s %s in %.2f s", "fetched" if fetched else "reused",
-                human_bytes(nbytes), "from" if fetched else "already read from", listing.uri, relay.seconds)
-    return relay
-
-
-def _unlink_if_free(path: Path) -> None:
-    fd = _lock(path, fcntl.LOCK_EX, deadline=time.monotonic())
-    if fd is not None:
-        try:
-            path.unlink(missing_ok=True)
-        finally:
-            os.close(fd)
-
-
-def _unlock_use(use_fd: int, final: Path, key: str, base: Path) -> bool:
-    """Stop reading; the last reader out frees the copy (unless kept). True if freed."""
-    use_path = base / f".{key}.use"
-    os.close(use_fd)  # drops the shared lock
-    fd = _lock(use_path, fcntl.LOCK_EX, deadline=time.monotonic())
-    if fd is None:
-        return False  # another reader still loads
-    try:
-        size = tree_bytes(final)
-        if size and size <= keep_bytes():
-            return False
-        shutil.rmtree(final, ignore_errors=True)
-        use_path.unlink(missing_ok=True)
-        try:
-            base.rmdir()  # only when nothing else of the shim's is left in it
-        except OSError:
-            pass
-        return size > 0
     finally:
-        os.close(fd)
+        for out in outs:
+            try:
+                out.close()
+            except OSError:
+                pass
+        for src in sources:
+            try:
+                src.close()
+            except OSError:
+                pass
+
+
+def _full_message(base: Path, nbytes: int) -> str:
+    return (f"the relay directory {base} filled up ({human_bytes(memory.fs_free(base) or 0)} free, "
+            f"{human_bytes(nbytes)} needed; /dev/shm is shared with Ray's object store and NCCL): set "
+            f"{RELAY_DIR} to a larger memory-backed directory")
+
+
+# --------------------------------------------------------------------------- sweep
+
+
+@dataclass
+class Copy:
+    """One copy in the relay directory, as the sweep and ``doctor`` see it."""
+
+    path: Path
+    nbytes: int
+    held: bool
+    uri: str
+    last_used: float
 
 
 def tree_bytes(path: Path) -> int:
@@ -308,18 +339,311 @@ def tree_bytes(path: Path) -> int:
     return total
 
 
+def _remove_key(base: Path, name: str, use_fd: int) -> None:
+    """Free copy *name* (we hold its ``.use`` lock exclusively) and its lock files."""
+    shutil.rmtree(base / name, ignore_errors=True)
+    for suffix in ("use", "fetch", "failed"):
+        try:
+            os.unlink(base / f".{name}.{suffix}")
+        except OSError:
+            pass
+    locks.close(use_fd)
+
+
+def sweep(base: Path, current: Optional[tuple[str, str, str]] = None) -> list[Path]:
+    """Free what no live process holds: copies beyond ``RAY_RUNAI_SHIM_RELAY_KEEP`` (least
+    recently used first), older versions of *current* ``(uri, store, key)``, half copies of dead
+    fetchers. Returns the copies freed. Never blocks: a sweep already running is left to it."""
+    guard = locks.flock_path(base / ".sweep", fcntl.LOCK_EX, deadline=time.monotonic())
+    if guard is None:
+        return []
+    freed: list[Path] = []
+    try:
+        unheld: list[tuple[float, str, int, int, Optional[dict]]] = []
+        try:
+            entries = list(os.scandir(base))
+        except OSError:
+            return []
+        for entry in entries:
+            name = entry.name
+            if name.startswith("."):
+                if (STAGING.match(name) or LEGACY_STAGING.match(name)) and not staging_owner_alive(name):
+                    shutil.rmtree(entry.path, ignore_errors=True)  # a fetcher that died mid-copy
+                elif name.endswith(".failed") and _age(entry) > FAILED_S:
+                    _unlink(entry.path)
+                elif name.endswith((".use", ".fetch")) and not os.path.lexists(base / name[1:].rpartition(".")[0]):
+                    _unlink_if_free(base / name)  # a lock of a copy that is gone, or was never made
+                continue
+            if not entry.is_dir(follow_symlinks=False):
+                _unlink(entry.path)  # nothing but copies belongs here
+                continue
+            fd = locks.flock_path(base / f".{name}.use", fcntl.LOCK_EX, deadline=time.monotonic())
+            if fd is None:
+                continue  # a reader holds it
+            marker = read_marker(Path(entry.path))
+            unheld.append((_mtime(entry), name, tree_bytes(Path(entry.path)), fd, marker))
+        room = keep_bytes()
+        for _used, name, size, fd, marker in sorted(unheld, reverse=True):  # most recently used first
+            older = (current is not None and marker is not None and name != current[2]
+                     and (marker.get("uri"), marker.get("store")) == current[:2])
+            if marker is None or older or size > room:
+                _remove_key(base, name, fd)
+                freed.append(base / name)
+            else:
+                room -= size
+                locks.close(fd)
+    finally:
+        locks.close(guard)
+    return freed
+
+
+def _age(entry: os.DirEntry) -> float:
+    return time.time() - _mtime(entry)
+
+
+def _mtime(entry: os.DirEntry) -> float:
+    try:
+        return entry.stat(follow_symlinks=False).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def copies(base: Optional[Path] = None) -> list[Copy]:
+    """The copies in this user's relay directory on this node, held or not (for ``doctor``)."""
+    base = base or root()
+    out: list[Copy] = []
+    try:
+        entries = [e for e in os.scandir(base) if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return out
+    for entry in entries:
+        fd = locks.flock_path(base / f".{entry.name}.use", fcntl.LOCK_EX, deadline=time.monotonic())
+        if fd is not None:
+            locks.close(fd)
+        marker = read_marker(Path(entry.path)) or {}
+        out.append(Copy(Path(entry.path), tree_bytes(Path(entry.path)), fd is None, str(marker.get("uri", "?")),
+                        _mtime(entry)))
+    return out
+
+
+# --------------------------------------------------------------------------- acquire / release
+
+
+def _open_base() -> Optional[Path]:
+    base = root()
+    try:
+        return private_dir(base)
+    except UnsafeDirectory as e:
+        reason = str(e)
+    except OSError as e:
+        reason = f"{base}: {e.strerror}"
+    logger.warning("ray-runai-shim: the node relay cannot use its directory: %s; streaming from the store instead "
+                   "(set %s to a directory of your own, or %s=off)", reason, RELAY_DIR, RELAY)
+    return None
+
+
+def _stream_instead(why: str) -> None:
+    logger.warning("ray-runai-shim: node relay: %s; every reader streams from the store instead (its memory budget "
+                   "still applies; %s=off turns the relay off)", why, RELAY)
+
+
+def _wait_for_fetch(base: Path, key: str, uri: str) -> Optional[int]:
+    """The key's fetch lock, waited for while the fetcher holding it makes progress; None
+    after ``STALL_S`` without any (the caller streams)."""
+    path = base / f".{key}.fetch"
+    fd = locks.flock_path(path, fcntl.LOCK_EX, deadline=time.monotonic())
+    if fd is not None:
+        return fd
+    started = last_move = time.monotonic()
+    last_seen, told = -1.0, 0.0
+    while True:
+        fd = locks.flock_path(path, fcntl.LOCK_EX, deadline=time.monotonic() + 0.5)
+        if fd is not None:
+            return fd
+        seen = _staging_activity(base, _label(key))
+        now = time.monotonic()
+        if seen > last_seen:
+            last_seen, last_move = seen, now
+        if now - last_move >= STALL_S:
+            return None
+        if now - told >= 30:
+            told = now
+            logger.info("ray-runai-shim: node relay: waiting %.0f s for another process on this node copying %s "
+                        "(%s so far)", now - started, uri, human_bytes(_staging_bytes(base, _label(key))))
+
+
+def _staging_dirs(base: Path, label: str) -> list[Path]:
+    try:
+        return [Path(e.path) for e in os.scandir(base) if staging_label(e.name) == label]
+    except OSError:
+        return []
+
+
+def _staging_activity(base: Path, label: str) -> float:
+    """The latest write into a staging dir of *label* (file mtimes move with every write)."""
+    latest = 0.0
+    for d in _staging_dirs(base, label):
+        for dirpath, _dirs, files in os.walk(d):
+            for name in files:
+                try:
+                    latest = max(latest, os.lstat(os.path.join(dirpath, name)).st_mtime)
+                except OSError:
+                    pass
+    return latest
+
+
+def _staging_bytes(base: Path, label: str) -> int:
+    return sum(tree_bytes(d) for d in _staging_dirs(base, label))
+
+
+def _failed_recently(base: Path, key: str) -> Optional[str]:
+    try:
+        st = os.lstat(base / f".{key}.failed")
+        if time.time() - st.st_mtime > FAILED_S:
+            return None
+        return (base / f".{key}.failed").read_text()[:500]
+    except OSError:
+        return None
+
+
+def _note_failure(base: Path, key: str, why: str) -> None:
+    try:
+        fd = os.open(base / f".{key}.failed", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0),
+                     0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(why)
+    except OSError:
+        pass
+
+
+def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Optional[Listing] = None) -> Optional[Relay]:
+    """A complete node-local copy of *uri*'s weights, held for reading until :func:`release`.
+
+    The first caller on the node copies; the others wait for it while it makes progress (a
+    crashed copier's lock is dropped by the kernel and the next caller takes over). None,
+    after one WARNING, whenever the relay cannot serve the copy (it does not fit, the
+    directory is not safe, the copy failed or stalled): the caller streams from the store."""
+    started = time.monotonic()
+    fs, prefix, store = open_store(uri, fs_and_path)
+    listing = listing or list_model(uri, fs_and_path)
+    if not listing.weights:
+        return None
+    base = _open_base()
+    if base is None:
+        return None
+    if PIN_VERSIONS:  # one HEAD per weight object: its version is part of the key
+        for f, ident in zip(listing.weights, run_all(probe_identity, listing.weights, fs, prefix, uri, store)):
+            f.identity = ident
+    store_key = f"{store.key()}|{principal()}"
+    key = key_for(listing, store_key)
+    final = base / key
+    nbytes = listing.weight_bytes
+    use_fd = _hold(base, key)
+    if use_fd is None:
+        return None
+    try:
+        sweep(base, current=(listing.uri, store.key(), key))
+        fetched = False
+        if not _complete(final, listing):
+            room = memory.room(base)
+            if nbytes > room.usable():
+                logger.warning(
+                    "ray-runai-shim: the node relay cannot hold %s (%s) in %s (%s); streaming from the store "
+                    "instead (set %s to a larger directory, or %s=off)", listing.uri, human_bytes(nbytes), base,
+                    room.describe(), RELAY_DIR, RELAY)
+                return _give_up(use_fd, base)
+            fetch_fd = _wait_for_fetch(base, key, listing.uri)
+            if fetch_fd is None:
+                _stream_instead(f"the copy of {listing.uri} made no progress for {STALL_S:.0f} s")
+                return _give_up(use_fd, base)
+            try:
+                if not _complete(final, listing):
+                    sweep(base, current=(listing.uri, store.key(), key))  # what a fetcher that died left
+                    failed = _failed_recently(base, key)
+                    if failed is not None:
+                        _stream_instead(f"the copy of {listing.uri} failed moments ago ({failed})")
+                        return _give_up(use_fd, base)
+                    shutil.rmtree(final, ignore_errors=True)  # a broken copy under this key
+                    try:
+                        _copy(listing, fs, prefix, store, base, key, final)
+                    except CopyFailed as e:
+                        _note_failure(base, key, str(e))
+                        _stream_instead(str(e))
+                        return _give_up(use_fd, base)
+                    fetched = True
+            finally:
+                locks.close(fetch_fd)
+                _unlink_if_free(base / f".{key}.fetch")
+        _touch(final)
+        relay = Relay(final, key, nbytes, fetched, time.monotonic() - started, use_fd)
+    except BaseException:
+        _give_up(use_fd, base)
+        raise
+    logger.info("ray-runai-shim: node relay: %s %s of weights %s %s in %.2f s", "fetched" if fetched else "reused",
+                human_bytes(nbytes), "from" if fetched else "already read from", listing.uri, relay.seconds)
+    return relay
+
+
+def _hold(base: Path, key: str) -> Optional[int]:
+    """A shared lock on the key's ``.use`` file: a reader from here on, no one frees the copy.
+    The directory may be removed by the last reader of another copy between our check and
+    the lock (it removes it only when empty): made again then."""
+    for _ in range(5):
+        try:
+            return locks.flock_path(base / f".{key}.use", fcntl.LOCK_SH)
+        except FileNotFoundError:
+            if _open_base() is None:
+                return None
+    return locks.flock_path(base / f".{key}.use", fcntl.LOCK_SH)
+
+
+def _give_up(use_fd: int, base: Path) -> None:
+    locks.close(use_fd)
+    sweep(base)
+    _tidy(base)
+    return None
+
+
+def _tidy(base: Path) -> None:
+    """Remove the directory itself when nothing of the shim's is left in it."""
+    _unlink_if_free(base / ".sweep")
+    try:
+        base.rmdir()
+    except OSError:
+        pass
+
+
+def _unlink_if_free(path: Path) -> None:
+    fd = locks.flock_path(path, fcntl.LOCK_EX, deadline=time.monotonic())
+    if fd is not None:
+        try:
+            path.unlink(missing_ok=True)
+        finally:
+            locks.close(fd)
+
+
 _release_guard = threading.Lock()
 
 
 def release(relay: Relay) -> bool:
-    """This process has loaded its weights: drop its hold; the last reader frees the copy.
-    Idempotent. True when this call freed the copy."""
+    """This process has loaded its weights: drop its hold; the last reader frees the copy
+    (unless ``RAY_RUNAI_SHIM_RELAY_KEEP`` keeps it). Idempotent. True when this call freed it."""
     with _release_guard:
         fd, relay._fd = relay._fd, None
     if fd is None:
         return False
-    freed = _unlock_use(fd, relay.path, relay.key, relay.path.parent)
+    locks.close(fd)  # drops the shared lock
+    base = relay.path.parent
+    freed = relay.path in sweep(base)
     if freed:
         logger.info("ray-runai-shim: node relay: the last reader has loaded; freed %s (%s)", relay.path,
                     human_bytes(relay.nbytes))
+    _tidy(base)
     return freed

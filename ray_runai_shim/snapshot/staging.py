@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import threading
 import uuid
 from pathlib import Path, PurePosixPath
@@ -58,7 +59,8 @@ def owner_token() -> str:
 
 
 #: Names of staging dirs (this layout) and of what the previous layout left after a crash.
-STAGING = re.compile(r"^\.staging-(?P<boot>[0-9a-f]{8}|nb)-(?P<pid>\d+)-(?P<start>\d+)-[0-9a-f]{8}$")
+STAGING = re.compile(
+    r"^\.staging-(?P<boot>[0-9a-f]{8}|nb)-(?P<pid>\d+)-(?P<start>\d+)-(?:(?P<label>[0-9a-f]{16})-)?[0-9a-f]{8}$")
 LEGACY_STAGING = re.compile(r"^\..+\.staging-(?P<pid>\d+)-[0-9a-f]{8}$")  # layout 1
 LEGACY_OLD = re.compile(r"^\..+\.old-[0-9a-f]{8}$")  # layout 1, left by a crash
 
@@ -78,14 +80,49 @@ def staging_owner_alive(name: str) -> bool:
     return start is not None and (start == m["start"] or start == "0")
 
 
+def staging_label(name: str) -> Optional[str]:
+    m = STAGING.match(name)
+    return m["label"] if m else None
+
+
+class UnsafeDirectory(Exception):
+    """A directory that another account created, planted as a symlink, or left open to
+    others: nothing of ours is written there."""
+
+
+def private_dir(path: Path) -> Path:
+    """*path* as a directory only this user can use, created atomically (``mkdir`` 0700) if
+    missing. Never follows a symlink at *path*; raises :class:`UnsafeDirectory` (naming why)
+    when it is not a directory, belongs to another user, or is open to group or others."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return private_dir(path)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeDirectory(f"{path} is a symlink (to {os.readlink(path)})")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeDirectory(f"{path} is not a directory")
+    if st.st_uid != os.getuid():
+        raise UnsafeDirectory(f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.getuid()})")
+    if st.st_mode & 0o077:
+        raise UnsafeDirectory(f"{path} is open to other users (mode {oct(st.st_mode & 0o777)})")
+    return path
+
+
 class Staging:
     """A private (0700) directory filled file by file, then renamed into place whole.
 
     Every directory is opened with ``O_NOFOLLOW`` relative to its parent's fd and every
     file created with ``O_CREAT|O_EXCL|O_NOFOLLOW``, so no write lands outside it."""
 
-    def __init__(self, base: Path) -> None:
-        self.path = base / f".staging-{owner_token()}-{uuid.uuid4().hex[:8]}"
+    def __init__(self, base: Path, label: str = "") -> None:
+        """*label* (16 hex digits) names what is being assembled, for those who wait on it."""
+        tag = f"{label}-" if label else ""
+        self.path = base / f".staging-{owner_token()}-{tag}{uuid.uuid4().hex[:8]}"
         os.mkdir(self.path, 0o700)
         self._dirs: dict[PurePosixPath, int] = {}
         self._guard = threading.Lock()

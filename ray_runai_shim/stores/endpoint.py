@@ -243,3 +243,19 @@ def store_identity(fs: Any, uri: str) -> Store:
         env_ep = s3_endpoint()
         endpoint = _strip_userinfo(env_ep) if env_ep else ""
     return Store(scheme, endpoint, signed, ignored)
+
+
+#: What names the account a process reads the store as, without any secret in it.
+_PRINCIPAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ROLE_ARN",
+                  "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
+                  "GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG", "AZURE_CLIENT_ID", "AZURE_STORAGE_ACCOUNT")
+
+
+def principal() -> str:
+    """A fingerprint of the identity this process reads the store as (access key id, profile,
+    role, key file: never a secret), so that two tenants sharing one uid and one node never
+    share what one of them read. 12 hex digits; the same for the same settings."""
+    import hashlib
+
+    text = "\n".join(f"{n}={os.environ.get(n, '')}" for n in _PRINCIPAL_ENV)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -4,7 +4,7 @@
 proxy in front of it), ``mode``: ``relay`` (the node relay, then the real streamer on the
 local copy) or ``stream`` (the real streamer straight from the store, as without the relay);
 ``range`` (relay range bytes), ``hold`` (seconds to keep the copy before release),
-``release`` (default true), ``budget`` (the readers on the node: set the streamer's memory
+``release`` (default true), ``tries`` (tries per range), ``budget`` (the readers on the node: set the streamer's memory
 budget as the engine's process does, after the relay's copy is in place). Prints one JSON line: per-tensor sha256, where the weights came
 from, whether this process fetched, timings.
 """
@@ -44,6 +44,8 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
 
     if args.get("range"):
         relay.RANGE_BYTES = int(args["range"])
+    if args.get("tries"):
+        relay.RANGE_TRIES = int(args["tries"])
     t0 = time.monotonic()
     result: dict[str, Any] = {"pid": os.getpid()}
     if args["mode"] == "relay":
