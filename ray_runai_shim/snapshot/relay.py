@@ -116,6 +116,11 @@ def key_for(listing: Listing, store_key: str) -> str:
     return f"{flat.strip('-')[-60:]}-{h.hexdigest()[:16]}"
 
 
+def _store_key(store: Any) -> str:
+    """The store and the account that reads it (two tenants of one uid never share a copy)."""
+    return f"{store.key()}|{principal()}"
+
+
 def _label(key: str) -> str:
     return key[-16:]
 
@@ -271,7 +276,7 @@ def _copy(listing: Listing, fs: Any, prefix: str, store: Any, base: Path, key: s
                 if f.identity and seen != f.identity:
                     raise _changed(listing.uri, f.key, f.identity, seen)
         marker = {
-            "uri": listing.uri, "store": store.key(), "bytes": got, "key": key,
+            "uri": listing.uri, "store": _store_key(store), "bytes": got, "key": key,
             "files": {f.key: {"size": f.size, "identity": f.identity} for f in listing.weights},
             "verified": ("every object's size, and its identity when listed, when opened and after its last "
                          "range" if PIN_VERSIONS else "sizes only"),
@@ -284,12 +289,13 @@ def _copy(listing: Listing, fs: Any, prefix: str, store: Any, base: Path, key: s
         outs.clear()
         staging.commit(final)
         return got
+    except ShimError as e:  # a store fault named by the fetch's words (e.g. the closing HEAD)
+        staging.discard()
+        raise CopyFailed(str(e)) from e
     except OSError as e:
         staging.discard()
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise CopyFailed(_full_message(base, listing.weight_bytes)) from e
-        if isinstance(e, ShimError):
-            raise
         raise CopyFailed(f"reading {listing.uri} failed: {redact_text(str(e).splitlines()[0][:300])}") from e
     except BaseException:
         staging.discard()
@@ -541,15 +547,14 @@ def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Opt
     if PIN_VERSIONS:  # one HEAD per weight object: its version is part of the key
         for f, ident in zip(listing.weights, run_all(probe_identity, listing.weights, fs, prefix, uri, store)):
             f.identity = ident
-    store_key = f"{store.key()}|{principal()}"
-    key = key_for(listing, store_key)
+    key = key_for(listing, _store_key(store))
     final = base / key
     nbytes = listing.weight_bytes
     use_fd = _hold(base, key)
     if use_fd is None:
         return None
     try:
-        sweep(base, current=(listing.uri, store.key(), key))
+        sweep(base, current=(listing.uri, _store_key(store), key))
         fetched = False
         if not _complete(final, listing):
             room = memory.room(base)
@@ -565,7 +570,7 @@ def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Opt
                 return _give_up(use_fd, base)
             try:
                 if not _complete(final, listing):
-                    sweep(base, current=(listing.uri, store.key(), key))  # what a fetcher that died left
+                    sweep(base, current=(listing.uri, _store_key(store), key))  # what a fetcher that died left
                     failed = _failed_recently(base, key)
                     if failed is not None:
                         _stream_instead(f"the copy of {listing.uri} failed moments ago ({failed})")
