@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
-from .s3server import free_port
+from .servers import free_ports
 
 RAY = str(Path(sys.executable).with_name("ray"))
 MARKER = "RRS_TEST_CLUSTER"
@@ -71,10 +71,11 @@ class RayCluster:
         self.root = root or Path(tempfile.mkdtemp(prefix="rrs-cl-", dir="/tmp"))
         self.token = uuid.uuid4().hex
         self.env = {**env, "HOME": str(self.root), MARKER: self.token}
-        self.port = free_port()
+        self.port, self.dashboard_port = free_ports(2)
         self.address = f"127.0.0.1:{self.port}"
         self.dashboard = dashboard
-        self.dashboard_port = free_port() if dashboard else None
+        if not dashboard:
+            self.dashboard_port = None
 
     @property
     def dashboard_url(self) -> str:
@@ -91,9 +92,10 @@ class RayCluster:
     def start_head(self, *extra: str, env: Optional[dict[str, str]] = None) -> RayCluster:
         # Every fixed default port (agents, metrics, client server) gets a free one: another cluster on
         # this machine (a developer's, a concurrent run) must not make ours lose its job agent.
-        ports = [f"--{name}={free_port()}" for name in (
-            "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
-            "runtime-env-agent-port", "ray-client-server-port")]
+        names = ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
+                 "runtime-env-agent-port", "ray-client-server-port")
+        taken = frozenset(p for p in (self.port, self.dashboard_port) if p)
+        ports = [f"--{name}={port}" for name, port in zip(names, free_ports(len(names), avoid=taken))]
         dash = ([f"--dashboard-port={self.dashboard_port}", "--dashboard-host=127.0.0.1", "--include-dashboard=true"]
                 if self.dashboard else ["--include-dashboard=false"])
         dash = [*dash, *ports]

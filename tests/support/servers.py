@@ -26,6 +26,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(count: int, avoid: frozenset = frozenset()) -> list[int]:
+    """*count* distinct free ports, none in *avoid*: the sockets stay bound until all are chosen
+    (one ``free_port()`` after another can hand out the same port twice: a CI run's
+    ``ray start`` got its GCS port again as its client-server port)."""
+    socks: list[socket.socket] = []
+    try:
+        while len(socks) < count:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            if s.getsockname()[1] in avoid:
+                s.close()
+                continue
+            socks.append(s)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def stop_process(proc: Optional[subprocess.Popen]) -> None:
     """SIGTERM, then SIGKILL after 5 s; a no-op if it is not running."""
     if proc is not None and proc.poll() is None:
