@@ -37,6 +37,7 @@ from typing import Any, Optional
 
 import bench_docs
 from bench_coldstart_report import BEGIN, END, PAGE, readme_block, report
+from bench_common import raise_on_signal
 from bench_measure import walk_bytes
 from bench_models import GIB, MIB, build_llama, upload_dir
 from bench_report import env_info
@@ -59,9 +60,6 @@ METHOD_ENV = {
     "native": {"RAY_RUNAI_SHIM_DISABLE": "1"},
 }
 
-
-def _raise_on_signal(signum: int, _frame: Any) -> None:
-    raise SystemExit(128 + signum)
 
 
 def store_bytes_sent(pid: int) -> int:
@@ -204,8 +202,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         from matrix import oracle_env
 
         pythons["native"] = str(oracle_env.build_env())
-    signal.signal(signal.SIGTERM, _raise_on_signal)
-    signal.signal(signal.SIGHUP, _raise_on_signal)
+    signal.signal(signal.SIGTERM, raise_on_signal)
+    signal.signal(signal.SIGHUP, raise_on_signal)
     workdir = Path(tempfile.mkdtemp(prefix="ray-runai-coldstart-", dir=args.tmp))
     server: Optional[S3rver] = None
     try:

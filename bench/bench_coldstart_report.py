@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Optional
 
+from bench_common import ratio
 from bench_models import MIB
 
 BEGIN = "<!-- bench-coldstart:begin -->"
@@ -36,9 +37,6 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         out[method]["ray"] = mine[0]["ray"]
     return out
 
-
-def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
-    return None if a is None or not b else a / b
 
 
 def ratios(med: dict[str, dict[str, Any]]) -> dict[str, dict[str, Optional[float]]]:

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from bench_common import raise_on_signal
 from bench_measure import child_main, measure_import, run_child
 from bench_models import GIB, MIB, build_model, delete_prefix, make_noise, upload_dir
 from bench_report import env_info, report
@@ -36,9 +37,6 @@ from bench_servers import BUCKET, S3RVER_VERSION, S3rver, ensure_s3rver, s3_clie
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_JSON = BENCH_DIR / "results" / "latest.json"
 
-
-def _raise_on_signal(signum: int, _frame: Any) -> None:
-    raise SystemExit(128 + signum)  # so the finally-block cleanup runs on SIGTERM/SIGHUP
 
 
 def parse_sizes(text: str) -> list[float]:
@@ -75,8 +73,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"not enough space in {args.tmp}: need ~{need / GIB:.1f} GiB, have {free / GIB:.1f} GiB")
         return 2
 
-    signal.signal(signal.SIGTERM, _raise_on_signal)
-    signal.signal(signal.SIGHUP, _raise_on_signal)
+    signal.signal(signal.SIGTERM, raise_on_signal)
+    signal.signal(signal.SIGHUP, raise_on_signal)
     workdir = Path(tempfile.mkdtemp(prefix="ray-runai-bench-", dir=args.tmp))
     server: Optional[S3rver] = None
     rows: list[dict[str, Any]] = []

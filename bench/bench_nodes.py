@@ -46,6 +46,7 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 import bench_docs
+from bench_common import raise_on_signal, ratio
 from bench_models import GIB, MIB, build_model, make_noise, upload_dir
 from bench_report import env_info
 from bench_servers import BUCKET, REPO_ROOT, S3rver, ensure_s3rver, s3_client  # also puts tests/ on sys.path
@@ -139,9 +140,6 @@ def run_timeout(n: int, weight_bytes: int, rate_mbps: float) -> float:
 def rate_label(rate_mbps: float) -> str:
     return "unlimited (loopback through the proxy)" if not rate_mbps else f"{rate_mbps:g} MB/s"
 
-
-def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
-    return None if a is None or not b else a / b
 
 
 def _wall(rows: list[dict[str, Any]], rate: float, n: int, method: str) -> Optional[float]:
@@ -248,12 +246,13 @@ def readme_block(data: dict[str, Any]) -> str:
 # -- node memory ---------------------------------------------------------------------------
 
 def mem_available(meminfo: Path = Path("/proc/meminfo")) -> int:
-    """MemAvailable in bytes."""
-    with open(meminfo) as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no MemAvailable in {meminfo}")
+    """MemAvailable in bytes (the package's own reading; a bench needs a number)."""
+    from ray_runai_shim.snapshot.memory import mem_available as read
+
+    value = read(meminfo)
+    if value is None:
+        raise RuntimeError(f"no MemAvailable in {meminfo}")
+    return value
 
 
 def rss_bytes(pid: int) -> int:
@@ -559,9 +558,6 @@ def describe(row: dict[str, Any]) -> str:
             f"ready {row['ready_s']}")
 
 
-def _raise_on_signal(signum: int, _frame: Any) -> None:
-    raise SystemExit(128 + signum)  # so the finally-block cleanup runs on SIGTERM/SIGHUP
-
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -599,8 +595,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"/dev/shm cannot hold one {args.size_gib:g} GiB relay copy")
         return 2
 
-    signal.signal(signal.SIGTERM, _raise_on_signal)
-    signal.signal(signal.SIGHUP, _raise_on_signal)
+    signal.signal(signal.SIGTERM, raise_on_signal)
+    signal.signal(signal.SIGHUP, raise_on_signal)
     workdir = Path(tempfile.mkdtemp(prefix="ray-runai-bench-nodes-", dir=args.tmp))
     server: Optional[S3rver] = None
     rows: list[dict[str, Any]] = []

@@ -13,8 +13,7 @@ from typing import Any, Optional
 
 from .activation import bootstrap as _bootstrap
 from .errors import ShimError
-
-__version__ = "0.2.0"
+from .version import __version__
 
 __all__ = ["__version__", "install", "uninstall", "status", "runtime_env", "ShimError"]
 

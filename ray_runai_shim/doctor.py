@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 from .log import human_bytes
 from .stores.azure import azure_note
+from .tables import settings
 
 DISTS = (
     "ray",
@@ -50,7 +51,7 @@ def _version(dist: str) -> Optional[str]:
 
 def environment() -> dict[str, str]:
     from .activation.ray_init import FORWARD_ENV, FORWARD_PREFIXES
-    from .diagnostics.redact import redact_env
+    from .redact import redact_env
 
     names = set(FORWARD_ENV) | set(SECRET_ENV) | set(SHOWN_ENV)
     names |= {k for k in os.environ if k.startswith(FORWARD_PREFIXES)}
@@ -89,7 +90,7 @@ def gcs_endpoint_warnings(uri: str) -> list[str]:
     vLLM calls) from ``STORAGE_EMULATOR_HOST``. One without the other splits the run."""
     if not uri.lower().startswith("gs://"):
         return []
-    from .diagnostics.redact import redact_url
+    from .redact import redact_url
     from .stores.endpoint import gcs_endpoint
 
     cpp = redact_url(gcs_endpoint() or "")
@@ -188,7 +189,7 @@ def node_report() -> dict[str, Any]:
 
     room = memory.room(Path("/dev/shm"))
     usable = room.usable()
-    user_limit = os.environ.get("RUNAI_STREAMER_MEMORY_LIMIT")
+    user_limit = os.environ.get(settings.STREAMER_MEMORY_LIMIT)
     copies = relay.copies()
     return {
         "relay_copies": [{"path": str(c.path), "uri": c.uri, "bytes": c.nbytes, "held": c.held} for c in copies],
@@ -280,7 +281,7 @@ def render(r: dict[str, Any]) -> str:
               for c in n["relay_copies"]]
     m = r.get("model")
     if m:
-        from .diagnostics.redact import shown_uri
+        from .redact import shown_uri
 
         lines += ["", f"model {shown_uri(m['uri'])} (load_format={m['load_format']}):"]
         if "fetch" in m:
@@ -305,7 +306,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     d.add_argument("--load-format", default="runai_streamer")
     d.add_argument("--json", action="store_true", help="machine-readable output")
     args = ap.parse_args(argv)
-    from .diagnostics.redact import redact_text
+    from .redact import redact_text
 
     report = collect(args.uri, args.load_format.lower())
     # Last line of defence: no URL userinfo or signed-URL token leaves doctor, whatever put it there.

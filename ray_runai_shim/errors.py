@@ -17,7 +17,7 @@ class ShimError(ValueError):
 
     def __init__(self, *args: object) -> None:
         if args and isinstance(args[0], str):
-            from .diagnostics.redact import (
+            from .redact import (
                 redact_text,  # here, not at import: ``import ray_runai_shim`` stays cheap
             )
 

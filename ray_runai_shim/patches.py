@@ -70,7 +70,7 @@ def announcement(version: Optional[str] = None) -> Optional[str]:
     data, serve = _plans(version)
     if data is None or serve is None:
         return None
-    from . import __version__
+    from .version import __version__
 
     count = len(patches_for(data.ray_version))
     what = f"patching {count} fixes" if count else "nothing to patch"

@@ -32,6 +32,18 @@ class Applied:
     attr: str
     original: Any
     replacement: Any
+    switch: _Switch
+
+
+class _Switch:
+    """wrapt's ``enabled=``: once off, a wrapper that another module captured (``from x import
+    f`` before uninstall) calls the original straight through, as if never wrapped."""
+
+    def __init__(self) -> None:
+        self.on = True
+
+    def __call__(self) -> bool:
+        return self.on
 
 
 _lock = threading.Lock()
@@ -57,11 +69,12 @@ def wrap(patch: str, name: str, module: ModuleType, path: str, wrapper: Callable
             if a.owner is owner and a.attr == attr and a.patch == patch:
                 return False
             if a.patch == patch and current is a.replacement:  # an alias of a name we wrapped
-                _applied.append(Applied(patch, name, owner, attr, a.original, a.replacement))
+                _applied.append(Applied(patch, name, owner, attr, a.original, a.replacement, a.switch))
                 return True
-        replacement = wrapt.FunctionWrapper(current, wrapper)
+        switch = _Switch()
+        replacement = wrapt.FunctionWrapper(current, wrapper, enabled=switch)
         setattr(owner, attr, replacement)
-        _applied.append(Applied(patch, name, owner, attr, current, replacement))
+        _applied.append(Applied(patch, name, owner, attr, current, replacement, switch))
         return True
 
 
@@ -83,11 +96,12 @@ def restore_all() -> None:
         _applied.clear()
         _appended.clear()
     for a in reversed(applied):
+        a.switch.on = False  # inert wherever it was captured
         if vars(a.owner).get(a.attr) is a.replacement:
             setattr(a.owner, a.attr, a.original)
         else:
             logger.warning("ray-runai-shim: %s was re-patched by someone else; leaving it, our wrapper "
-                           "stays in place (it does nothing once uninstalled)", a.name)
+                           "stays in place and calls the original straight through", a.name)
     for _patch, _name, lst, item in reversed(appended):
         if item in lst:
             lst.remove(item)

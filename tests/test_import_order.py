@@ -64,6 +64,24 @@ def state():
         out[attr] = depth(value) if kind == "wrap" else (list(value) if isinstance(value, list) else None)
     return out
 
+def captured():
+    mod = sys.modules[MODULE]
+    return {{attr: resolve(mod, attr) for attr, kind, *_ in TARGETS if attr and kind == "wrap" and has(mod, attr)}}
+
+def inert(held):
+    # A wrapper another module captured before uninstall() calls the original straight through.
+    out = {{}}
+    for attr, value in held.items():
+        while isinstance(value, wrapt.FunctionWrapper):
+            enabled = getattr(value, "_self_enabled", None)
+            if enabled is None or enabled():
+                out[attr] = False
+                break
+            value = value.__wrapped__
+        else:
+            out[attr] = True
+    return out
+
 def raw():
     mod = sys.modules[MODULE]
     return {{attr: id(resolve(mod, attr)) for attr, kind, *_ in TARGETS if attr and kind == "wrap" and has(mod, attr)}}
@@ -100,10 +118,11 @@ ORDERS = {
         "print(json.dumps({'state': state(), 'pristine': pristine}))"
     ),
     "cycle": (
-        "imp()\nbefore = raw()\nimport ray_runai_shim\npatched = state()\n"
-        "ray_runai_shim.uninstall()\nrestored = raw() == before\nafter = state()\n"
+        "imp()\nbefore = raw()\nimport ray_runai_shim\npatched = state()\nheld = captured()\n"
+        "ray_runai_shim.uninstall()\nrestored = raw() == before\nafter = state()\ninert_after = inert(held)\n"
         "ray_runai_shim.uninstall()\nray_runai_shim.install()\n"
         "print(json.dumps({'patched': patched, 'restored': restored, 'after': after, 'again': state(),"
+        " 'inert': inert_after,"
         " 'installed': ray_runai_shim.status()['installed']}))"
     ),
     "uninstall_first": (
@@ -171,6 +190,35 @@ def test_uninstall_restores_exact_originals_and_uninstall_first_touches_nothing(
     assert r["uninstall_first"]["state"] == pristine
     assert r["uninstall_first"]["patched"] == []
     assert pristine == _zeroed(pristine)  # nothing wrapped before the shim
+
+
+ROWS = list(enumerate(targets.TARGETS))
+
+
+@pytest.mark.parametrize("index, row", ROWS, ids=[f"{i}-{t.patch}-{t.name}" for i, t in ROWS])
+def test_the_patch_contract_holds_for_every_row_of_the_table(index, row):
+    """ddtrace's ``PatchTestCase``, one case per row of ``TARGETS`` (from the same fresh
+    interpreters as the order tests): whichever is imported first, installed twice = once;
+    ``uninstall()`` puts the exact original back and leaves a wrapper captured before it inert."""
+    if row.module in ABSENT:
+        assert not _present(row.module)  # not in this Ray: nothing to patch, nothing touched
+        return
+    r = runs_for(row.module)
+    expected = r["module_first"]["pristine"]["expected"]
+    if row.kind == targets.CALL or row.attr not in expected:
+        assert row.attr not in r["shim_first"]["state"] or row.kind != targets.WRAP
+        return  # a call-on-import row, or a name this release does not hold (if_has)
+    for order in (r["shim_first"]["state"], r["shim_first"]["again"], r["module_first"]["state"],
+                  r["cycle"]["patched"], r["cycle"]["again"]):
+        assert order[row.attr] == expected[row.attr], (row, order)
+    pristine = r["module_first"]["pristine"]["state"]
+    assert r["cycle"]["after"][row.attr] == pristine[row.attr] and r["uninstall_first"]["state"][row.attr] == pristine[row.attr]
+    if row.kind == targets.WRAP:
+        assert r["cycle"]["restored"] is True and r["cycle"]["inert"][row.attr] is True
+
+
+def test_the_contract_has_one_case_per_row():
+    assert len(ROWS) == len(targets.TARGETS) and [t for _, t in ROWS] == list(targets.TARGETS)
 
 
 def test_the_generated_list_is_complete():

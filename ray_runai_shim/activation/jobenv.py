@@ -24,12 +24,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from ..tables import settings
+
 SETUP_HOOK = "ray_runai_shim.activation.worker_setup"
-CHAIN_ENV = "RAY_RUNAI_SHIM_CHAINED_SETUP_HOOK"
-AUTOLOAD_ENV = "RAY_RUNAI_SHIM_AUTOLOAD"
+CHAIN_ENV = settings.CHAINED_SETUP_HOOK
+AUTOLOAD_ENV = settings.AUTOLOAD
 #: Where Ray exports a string setup hook; present in a job's env_vars, the hook slot is taken.
-RAY_HOOK_ENV = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
-OVERRIDE_ENV = "RAY_OVERRIDE_JOB_RUNTIME_ENV"
+RAY_HOOK_ENV = settings.RAY_WORKER_SETUP_HOOK
+OVERRIDE_ENV = settings.RAY_OVERRIDE_JOB_RUNTIME_ENV
 #: Fields Ray combines only with env_vars/config: no hook, no py_modules beside them.
 IMAGE_FIELDS = ("image_uri", "container")
 

@@ -24,11 +24,12 @@ from typing import Any, Callable, Optional
 from ..failopen import fail_open
 from ..log import logger
 from ..processes import in_ray_worker
+from ..tables import settings
 from .jobenv import CHAIN_ENV, OVERRIDE_ENV, RAY_HOOK_ENV, SETUP_HOOK, InitEnv, plan_init_env
 
 __all__ = ["CHAIN_ENV", "RAY_HOOK_ENV", "SETUP_HOOK", "runtime_env", "worker_setup", "ray_init"]
 
-RAY_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+RAY_JOB_CONFIG_ENV = settings.RAY_JOB_CONFIG
 
 #: Settings the streamer and Ray's downloads read in the actors. Credentials
 #: are deliberately absent: workers should use their own identity.
@@ -75,7 +76,7 @@ def _chain_callable(user_hook: Callable[[], Any]) -> Callable[[], Any]:
 def _forwardable() -> dict[str, str]:
     """Endpoint/streamer settings to forward to the job; never a credential, never a URL
     carrying one (``http://KEY:SECRET@host``): those are named in one WARNING and left out."""
-    from ..diagnostics.redact import forwardable
+    from ..redact import forwardable
 
     wanted = {k: os.environ[k] for k in FORWARD_ENV if k in os.environ}
     for k, v in os.environ.items():
@@ -158,7 +159,7 @@ def plan_for_init(args: tuple, kwargs: dict) -> Optional[InitEnv]:
 
     if ray.is_initialized() or in_ray_worker():
         return None
-    address = (args[0] if args else kwargs.get("address")) or os.environ.get("RAY_ADDRESS")
+    address = (args[0] if args else kwargs.get("address")) or os.environ.get(settings.RAY_ADDRESS)
     if isinstance(address, str) and address.startswith("ray://"):
         logger.warning(
             "ray-runai-shim: Ray Client (%s) does not run job-level setup hooks; install "

@@ -17,9 +17,9 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from ..diagnostics.redact import redact_url
 from ..failopen import NotApplicable, fail_open
 from ..log import logger
+from ..redact import redact_url
 from ..snapshot.handoff import UNSIGNED
 from ..tables.support import is_streaming_format, normalize_load_format, split_anonymous
 

@@ -23,9 +23,9 @@ import os
 import posixpath
 from typing import Any, Callable, Optional
 
-from ..diagnostics.redact import shown_uri
 from ..failopen import NotApplicable, fail_open
 from ..log import logger
+from ..redact import shown_uri
 from ..snapshot.handoff import UNSIGNED
 from ..tables.support import join_anonymous, normalize_load_format
 from .decide import streaming_request

@@ -38,11 +38,11 @@ from ..snapshot.handoff import UNSIGNED
 from ..tables import settings
 from ..tables.support import is_remote_uri, join_anonymous, normalize_load_format
 
-MEMORY_LIMIT = "RUNAI_STREAMER_MEMORY_LIMIT"
+MEMORY_LIMIT = settings.STREAMER_MEMORY_LIMIT
 #: The streamer's per-request timeout (default 1000 ms). Measured through a link that stalls (bench
 #: notes, docs/node-relay.md): a stall over ~5 s made the default re-request ranges (+27 % bytes from
 #: the store, still finishing); 30 s re-requested nothing. Set only where the user has not.
-REQUEST_TIMEOUT = "RUNAI_STREAMER_S3_REQUEST_TIMEOUT_MS"
+REQUEST_TIMEOUT = settings.STREAMER_REQUEST_TIMEOUT
 REQUEST_TIMEOUT_MS = "30000"
 RELAYED_FORMATS = ("runai_streamer",)
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from ..diagnostics.redact import redact_url
 from ..failopen import fail_open
 from ..log import logger
+from ..redact import redact_url
 from ..tables.support import is_remote_uri, is_streaming_format, normalize_load_format
 from .decide import mirror_uri
 

@@ -39,7 +39,7 @@ def reusable_runtime_env(env: Any) -> Any:
     again; a field that is not an importable path (a callable hook's bare name) is
     dropped too. None when nothing needs to change.
     """
-    from ..activation.ray_init import RAY_HOOK_ENV
+    from ..tables.settings import RAY_WORKER_SETUP_HOOK as RAY_HOOK_ENV
 
     if not isinstance(env, dict):
         return None

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
-from ..diagnostics.redact import MASK, redact_url
 from ..log import logger
+from ..redact import MASK, redact_url
 from ..tables import settings
 from .locks import CacheUnusable, fetch_lock, hold, lock_path, try_exclusive
 from .staging import LEGACY_OLD, LEGACY_STAGING, STAGING, Staging, staging_owner_alive

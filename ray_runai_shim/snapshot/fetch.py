@@ -32,10 +32,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Optional
 
 from ..diagnostics.diagnose import classify_store, local_error, store_error
-from ..diagnostics.redact import has_userinfo, shown_uri
 from ..errors import ShimError
+from ..redact import has_userinfo, shown_uri
 from ..stores.endpoint import Store, refuse_endpoint_credentials, store_identity
-from ..tables import settings
+from ..tables import schemes, settings
 from ..tables.support import join_anonymous, split_anonymous
 from . import cache
 from .cache import MANIFEST, CacheUnusable, Place, cache_root
@@ -128,7 +128,7 @@ def check_source(uri: str) -> None:
     credentials problem; and user-info before the bucket is a secret, not a bucket name."""
     plain, anonymous = split_anonymous(uri)
     scheme, sep, rest = plain.partition("://")
-    if scheme.lower() not in ("s3", "s3a", "gs", "gcs"):
+    if scheme.lower() not in schemes.S3 + schemes.GCS:
         return  # a local path, or Azure's container@account form: not judged here
     shown = shown_uri(uri)
     if has_userinfo(plain):

@@ -27,7 +27,7 @@ class Handoff(NamedTuple):
 
 
 #: The streamer's switch for unsigned S3 requests (Ray spells it ``anonymous@`` in the URI).
-UNSIGNED = "RUNAI_STREAMER_S3_UNSIGNED"
+UNSIGNED = settings.STREAMER_UNSIGNED
 
 
 def streamer_uri(uri: str) -> tuple[str, dict[str, str]]:

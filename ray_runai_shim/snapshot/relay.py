@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
-from ..diagnostics.redact import redact_text
 from ..errors import ShimError
 from ..log import human_bytes, logger
+from ..redact import redact_text
 from ..stores.endpoint import principal
 from ..tables import settings
 from . import locks, memory

@@ -11,15 +11,14 @@ from __future__ import annotations
 import importlib
 
 from ..errors import ShimError
-
-_BACKENDS = {"s3://": ("runai_model_streamer_s3", "s3"), "gs://": ("runai_model_streamer_gcs", "gcs")}
+from ..tables import schemes
 
 
 def check_loader_importable(uri: str, load_format: str) -> None:
     if load_format == "tensorizer":
         needed = [("tensorizer", "tensorizer", "vllm[tensorizer]")]
     else:
-        module, extra = next((v for k, v in _BACKENDS.items() if uri.startswith(k)), (None, None))
+        module, extra = schemes.STREAMER_BACKENDS.get(schemes.scheme_of(uri), (None, None))
         pip = f"runai-model-streamer[{extra}]" if extra else "runai-model-streamer"
         needed = [("runai_model_streamer", "runai-model-streamer", pip)]
         if module:

@@ -13,18 +13,18 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..diagnostics.redact import shown_uri
 from ..log import logger
+from ..redact import shown_uri
+from ..tables import schemes
 from ..tables.support import is_streaming_format, normalize_load_format
 
-#: Ray's Azure schemes (2.50+) and vLLM's (0.18+).
-AZURE_SCHEMES = ("abfss://", "abfs://", "azure://", "az://")
+AZURE_SCHEMES = tuple(f"{s}://" for s in schemes.AZURE)
 
 _warned: set[str] = set()
 
 
 def is_azure_uri(model: object) -> bool:
-    return isinstance(model, str) and model.lower().startswith(AZURE_SCHEMES)
+    return schemes.is_azure(model)
 
 
 def azure_note(model: object, load_format: object) -> Optional[str]:

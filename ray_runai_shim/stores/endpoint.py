@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
-from ..diagnostics.redact import MASK, has_userinfo, redact_url
 from ..errors import ShimError
+from ..redact import MASK, has_userinfo, redact_url
+from ..tables import schemes, settings
 from ..tables.support import split_anonymous
 
 
@@ -95,10 +96,10 @@ def endpoint_credential_problems(scheme: Optional[str] = None) -> list[str]:
     """One message per endpoint setting that holds credentials (for *scheme* only, if given).
     The messages never hold the credentials themselves."""
     out = []
-    for gcs, settings in ((False, _s3_endpoint_settings()), (True, _gcs_endpoint_settings())):
-        if scheme is not None and gcs != (scheme.lower() in ("gs", "gcs")):
+    for gcs, found in ((False, _s3_endpoint_settings()), (True, _gcs_endpoint_settings())):
+        if scheme is not None and gcs != (scheme.lower() in schemes.GCS):
             continue
-        for where, value in settings:
+        for where, value in found:
             if has_userinfo(value if "://" in value else f"https://{value}"):
                 out.append(_userinfo_message(where, value, gcs))
     return out
@@ -108,7 +109,7 @@ def refuse_endpoint_credentials(uri: str) -> None:
     """``ShimError`` before any request when the endpoint *uri*'s store is reached through
     carries credentials: otherwise every fault reads "the host name does not resolve"."""
     scheme = uri.partition("://")[0].lower()
-    if scheme not in ("s3", "s3a", "gs", "gcs"):
+    if scheme not in schemes.S3 + schemes.GCS:
         return
     problems = endpoint_credential_problems(scheme)
     if problems:
@@ -119,7 +120,7 @@ def _virtual_addressing() -> bool:
     style = os.environ.get("AWS_S3_ADDRESSING_STYLE", "").lower()
     if style:
         return style == "virtual"
-    return os.environ.get("RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING", "0") not in ("0", "false", "")
+    return os.environ.get(settings.STREAMER_VIRTUAL_ADDRESSING, "0") not in ("0", "false", "")
 
 
 def endpoint_s3_filesystem(anonymous: bool, endpoint: str) -> Any:
@@ -180,7 +181,7 @@ class Store:
 
     @property
     def is_gcs(self) -> bool:
-        return self.scheme in ("gs", "gcs")
+        return self.scheme in schemes.GCS
 
     def key(self) -> str:
         """Stable text that identifies the store (no secrets in it)."""
@@ -232,12 +233,12 @@ def store_identity(fs: Any, uri: str) -> Store:
     ignored = ""
     if override:
         endpoint = _strip_userinfo(f"{opts.get('scheme') or 'https'}://{override}")
-    elif scheme in ("gs", "gcs"):
+    elif scheme in schemes.GCS:
         env_ep = gcs_endpoint()
         endpoint = _strip_userinfo(env_ep) if env_ep else ""
-    elif opts or scheme not in ("s3", "s3a"):
+    elif opts or scheme not in schemes.S3:
         endpoint = ""
-        env_ep = s3_endpoint() if scheme in ("s3", "s3a") else None
+        env_ep = s3_endpoint() if scheme in schemes.S3 else None
         ignored = redact_url(env_ep) if env_ep else ""
     else:
         env_ep = s3_endpoint()

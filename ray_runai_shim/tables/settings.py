@@ -1,4 +1,4 @@
-"""The shim's own environment variables, parsed in one place.
+"""Every environment variable the shim reads or sets, named in one place; its own parsed here.
 
 Stdlib only (the bootstrap reads the kill switch before anything else is
 imported). A bad value never raises inside Ray: it is reported once, as a
@@ -23,6 +23,19 @@ RELAY = "RAY_RUNAI_SHIM_RELAY"  # auto | on | off: the node relay (one store rea
 RELAY_DIR = "RAY_RUNAI_SHIM_RELAY_DIR"  # where relay copies live (default: /dev/shm)
 RELAY_KEEP = "RAY_RUNAI_SHIM_RELAY_KEEP"  # bytes a copy may keep after the last load (default 0)
 NODE_ENGINES = "RAY_RUNAI_SHIM_NODE_ENGINES"  # engines of one model planned per node (default: 1)
+CHAINED_SETUP_HOOK = "RAY_RUNAI_SHIM_CHAINED_SETUP_HOOK"  # the user's own worker setup hook, run after ours
+
+# Ray's, read or set by the shim (never its private switches: those stay Ray's).
+RAY_ADDRESS = "RAY_ADDRESS"
+RAY_OVERRIDE_JOB_RUNTIME_ENV = "RAY_OVERRIDE_JOB_RUNTIME_ENV"
+RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # a submitted job's runtime_env, as Ray hands it to the driver
+RAY_WORKER_SETUP_HOOK = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"  # where Ray exports a string setup hook
+
+# The Run:ai streamer's, set where the user has not (vLLM's engine process; its ranks inherit them).
+STREAMER_MEMORY_LIMIT = "RUNAI_STREAMER_MEMORY_LIMIT"
+STREAMER_REQUEST_TIMEOUT = "RUNAI_STREAMER_S3_REQUEST_TIMEOUT_MS"
+STREAMER_UNSIGNED = "RUNAI_STREAMER_S3_UNSIGNED"  # the streamer's spelling of Ray's s3://anonymous@
+STREAMER_VIRTUAL_ADDRESSING = "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})

@@ -14,6 +14,8 @@ import functools
 import re
 from typing import NamedTuple
 
+from . import schemes
+
 #: Formats whose weights vLLM reads from the URI itself.
 STREAMING_FORMATS: frozenset[str] = frozenset(
     {"runai_streamer", "runai_streamer_sharded", "tensorizer"}
@@ -47,7 +49,7 @@ VLLM_AUX_PULL_RACE: tuple[tuple[int, int], tuple[int, int]] = ((0, 11), (0, 16))
 #: ``is_cloud_storage`` URIs there. [low, high), (major, minor); 0.10.0/0.10.1 have no such call.
 VLLM_OFFLINE_HUB_LOOKUP: tuple[tuple[int, int], tuple[int, int]] = ((0, 10), (0, 23))
 #: What vLLM 0.23 keeps out of that lookup (``is_cloud_storage``): the object stores it streams from.
-OBJECT_STORE_SCHEMES = ("s3://", "gs://", "az://")
+OBJECT_STORE_SCHEMES = tuple(f"{s}://" for s in schemes.VLLM_OBJECT_STORE)
 _OFFLINE_WHY = ("with HF_HUB_OFFLINE=1, vLLM 0.10.2-0.22 look the object-store URI up on the Hub "
                 "(HFValidationError): the shim keeps it out of that lookup")
 _PEER_WHY = ("vLLM's workers on other nodes (tensor/pipeline parallel across nodes) are told a model "
@@ -211,17 +213,17 @@ def is_streaming_format(value: object) -> bool:
     return normalize_load_format(value) in STREAMING_FORMATS
 
 
-REMOTE_SCHEMES = ("s3://", "gs://")
+REMOTE_SCHEMES = schemes.RAY_REMOTE_PREFIXES
 
 
 def is_object_store_uri(model: object) -> bool:
     """What vLLM 0.23's ``is_cloud_storage`` says (any case): an ``s3://``/``gs://``/``az://`` URI."""
-    return isinstance(model, str) and model.lower().startswith(OBJECT_STORE_SCHEMES)
+    return schemes.is_vllm_object_store(model)
 
 
 def is_remote_uri(model: object) -> bool:
     """The sources Ray 2.45-2.51 download themselves (``is_remote_path``)."""
-    return isinstance(model, str) and model.startswith(REMOTE_SCHEMES)
+    return schemes.is_ray_remote(model)
 
 
 ANONYMOUS = "anonymous@"

@@ -6,7 +6,8 @@ import pickle
 
 import pytest
 
-from ray_runai_shim.diagnostics.redact import (
+from ray_runai_shim.errors import ShimError
+from ray_runai_shim.redact import (
     MASK,
     forwardable,
     has_userinfo,
@@ -14,7 +15,6 @@ from ray_runai_shim.diagnostics.redact import (
     redact_text,
     redact_url,
 )
-from ray_runai_shim.errors import ShimError
 
 
 @pytest.mark.parametrize(
