@@ -15,7 +15,10 @@ from ray_runai_shim import registry
 
 
 @pytest.fixture
-def mod():
+def mod(monkeypatch):
+    # A registry of the test's own: whatever else this worker process installed stays as it is.
+    monkeypatch.setattr(registry, "_applied", [])
+    monkeypatch.setattr(registry, "_appended", [])
     m = types.ModuleType("rrs_test_victim")
 
     def f(x):
