@@ -21,14 +21,12 @@ config built from it in this process.
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any, Callable
 
 from ..failopen import NotApplicable, fail_open
-from ..log import log_handoff
-from ..snapshot.handoff import MODEL_WEIGHTS, plan_handoff, vllm_takes_model_weights
-from .decide import streaming_request
+from ..snapshot.handoff import MODEL_WEIGHTS
+from .decide import apply_handoff, streaming_request
 
 _lock = threading.Lock()
 #: local dir -> weights URI, for the configs vLLM < 0.14 builds again from handed-off args.
@@ -63,16 +61,12 @@ def create_engine_config(original: Callable[..., Any], instance: Any, args: tupl
 
     check_loader_importable(ctx.model, ctx.load_format)  # ShimError: before anything is fetched
     local_dir = fetch_for(ctx)
-    takes = ctx.load_format == "tensorizer" or vllm_takes_model_weights()
-    h = plan_handoff(ctx, {"model": local_dir, "tokenizer": local_dir}, local_dir, takes)
+    h = apply_handoff(ctx, {"model": local_dir, "tokenizer": local_dir}, local_dir)
     # Nothing can fail from here on: vLLM's args change only now.
     for key, value in h.kwargs.items():
         if key == "served_model_name" and getattr(instance, key, None):
             continue  # the user's own name stays
         setattr(instance, key, value)
-    for key, value in h.env.items():
-        os.environ.setdefault(key, value)
-    log_handoff(ctx.model, ctx.load_format, local_dir, h.how, ctx.stats)
     if h.inject is None:
         return original(*args, **kwargs)
     with _lock:

@@ -6,14 +6,19 @@ Two questions, answered from plain values, never by side effect:
   object store? (a streaming ``load_format`` and an ``s3://``/``gs://`` source)
 * :func:`download_kind` -- what is this ``download_model_files`` call: the
   full model download the shim replaces, a tokenizer-only one, or other?
+
+and the one step that acts on the answer, :func:`apply_handoff`.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any, Callable, Optional
 
 from ..context import StageContext
+from ..log import log_handoff
+from ..snapshot.handoff import Handoff, plan_handoff, vllm_takes_model_weights
 from ..tables.support import is_remote_uri, is_streaming_format, normalize_load_format
 
 _SIGNATURES: dict[Any, inspect.Signature] = {}
@@ -68,3 +73,16 @@ def download_kind(params: dict[str, Any], model: Optional[str] = None, mirror: O
     if mode == "TOKENIZER_ONLY":
         return TOKENIZER_ONLY
     return OTHER
+
+
+def apply_handoff(ctx: StageContext, kwargs: dict[str, Any], local_dir: str) -> Handoff:
+    """The one handoff every front-end applies: plan what vLLM is handed (the local non-weight
+    dir and the weights URI, :func:`..snapshot.handoff.plan_handoff`), export the streamer's
+    settings (set-if-absent: the user's win) and say it once. The caller puts ``h.kwargs`` /
+    ``h.inject`` where its consumer reads them (a call's kwargs, Serve's dict, vLLM's args)."""
+    takes = ctx.load_format == "tensorizer" or vllm_takes_model_weights()
+    h = plan_handoff(ctx, kwargs, local_dir, takes)
+    for key, value in h.env.items():
+        os.environ.setdefault(key, value)
+    log_handoff(ctx.model, ctx.load_format, local_dir, h.how, ctx.stats)
+    return h

@@ -14,12 +14,10 @@ from typing import Any, Callable
 
 from ..context import current_stage, current_weights
 from ..failopen import NotApplicable, fail_open
-from ..log import log_handoff
-from ..snapshot.handoff import plan_handoff, vllm_takes_model_weights
 from ..snapshot.nonweights import fetch_for
 from ..stores.azure import warn_if_azure
 from ..tables.support import is_remote_uri
-from .decide import FULL, bind, download_kind, streaming_request
+from .decide import FULL, apply_handoff, bind, download_kind, streaming_request
 
 
 def _mark_fell_back() -> None:
@@ -73,10 +71,7 @@ def engine_init(original: Callable[..., Any], instance: Any, args: tuple, kwargs
         or not os.path.isdir(local_dir)
     ):
         raise NotApplicable("no local non-weight dir for a streaming stage")
-    h = plan_handoff(ctx, kwargs, local_dir, ctx.load_format == "tensorizer" or vllm_takes_model_weights())
-    for k, v in h.env.items():
-        os.environ.setdefault(k, v)
-    log_handoff(ctx.model, ctx.load_format, local_dir, h.how, ctx.stats)
+    h = apply_handoff(ctx, kwargs, local_dir)
     token = current_weights.set(h.inject) if h.inject else None
     try:
         return original(*args, **h.kwargs)

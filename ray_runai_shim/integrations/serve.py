@@ -48,13 +48,12 @@ from typing import Any, Callable, Optional
 from ..context import StageContext, current_weights
 from ..errors import ShimError
 from ..failopen import NotApplicable, fail_open
-from ..log import log_handoff, logger
+from ..log import logger
 from ..snapshot.cache import snapshot_source
-from ..snapshot.handoff import plan_handoff, vllm_takes_model_weights
 from ..snapshot.nonweights import fetch_for
 from ..stores.azure import warn_if_azure
 from ..tables.support import is_streaming_format, normalize_load_format
-from .decide import FULL, bind, download_kind, mirror_uri, streaming_request
+from .decide import FULL, apply_handoff, bind, download_kind, mirror_uri, streaming_request
 
 COPIES = "Ray's own download runs instead and copies the whole model, weights included"
 
@@ -252,13 +251,9 @@ def init_kwargs(original: Callable[..., Any], instance: Any, args: tuple, kwargs
     if ctx is None or ctx.model.rstrip("/") != uri:
         ctx = StageContext(model=uri, load_format=load_format, engine_kwargs=dict(instance.engine_kwargs))
     # 2.45-2.47 put ``model`` in front of these kwargs; a key here wins.
-    takes = load_format == "tensorizer" or vllm_takes_model_weights()
-    h = plan_handoff(ctx, {**result, "model": local_dir}, local_dir, takes)
-    for k, v in h.env.items():
-        os.environ.setdefault(k, v)
+    h = apply_handoff(ctx, {**result, "model": local_dir}, local_dir)
     if h.inject is not None:
         # vLLM < 0.14: Serve builds the config right after this returns, in this
         # context; the match on args.model == local_dir keeps it to this engine.
         current_weights.set(h.inject)
-    log_handoff(ctx.model, ctx.load_format, local_dir, h.how, ctx.stats)
     return h.kwargs
