@@ -183,8 +183,8 @@ def _checkpoint(weights: str, fs_and_path: FsAndPath) -> tuple[int, Callable[[],
     from ..snapshot.fetch import default_fs_and_path, list_model, open_store
 
     fs_and_path = fs_and_path or default_fs_and_path
-    fs, prefix, _ = open_store(weights, fs_and_path)
-    listing = list_model(weights, fs_and_path)
+    fs, prefix, _ = opened = open_store(weights, fs_and_path)
+    listing = list_model(weights, fs_and_path, opened)
     keys = [f"{prefix}/{f.key}" for f in listing.weights if f.key.endswith(".safetensors")]
     return listing.weight_bytes, lambda: headers.largest_remote(fs, keys)
 

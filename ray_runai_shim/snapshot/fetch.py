@@ -193,11 +193,15 @@ def open_store(uri: str, fs_and_path: FsAndPath) -> tuple[Any, str, Store]:
     return fs, prefix.rstrip("/"), store_identity(fs, uri)
 
 
-def list_model(uri: str, fs_and_path: FsAndPath = default_fs_and_path) -> Listing:
-    """List every object under the model prefix and split weights from the rest."""
+OpenStore = tuple[Any, str, Store]
+
+
+def list_model(uri: str, fs_and_path: FsAndPath = default_fs_and_path, opened: Optional[OpenStore] = None) -> Listing:
+    """List every object under the model prefix and split weights from the rest (*opened*: what
+    :func:`open_store` gave the caller already, so the store is opened once)."""
     import pyarrow.fs as pa_fs
 
-    fs, prefix, store = open_store(uri, fs_and_path)
+    fs, prefix, store = opened or open_store(uri, fs_and_path)
     try:
         infos = fs.get_file_info(pa_fs.FileSelector(prefix, recursive=True))
     except FileNotFoundError as e:
@@ -495,12 +499,12 @@ def fetch_nonweights(
     later run could take for a complete snapshot."""
     start = time.perf_counter()
     for attempt in (1, 2):
-        listing = list_model(uri, fs_and_path)
+        fs, prefix, store = opened = open_store(uri, fs_and_path)
+        listing = list_model(uri, fs_and_path, opened)
         check_streamable(listing, load_format, engine_kwargs or {})
         if load_format in STREAMABLE_SUFFIXES:  # not for tokenizer-only downloads ("auto"): they need no config
             check_model_config(listing, engine_kwargs)
         paths = plan_local_paths([f.key for f in listing.nonweights])
-        fs, prefix, store = open_store(uri, fs_and_path)
         idents = run_all(probe_identity, listing.nonweights, fs, prefix, uri, store)
         for f, ident in zip(listing.nonweights, idents):
             f.identity = ident

@@ -1,5 +1,8 @@
 """The node relay: every weight byte read from the store once per node, however many readers.
 
+This module decides who copies, who waits, who holds and what is freed; the copy itself, and
+what it guarantees about the bytes, is :mod:`.relay_copy`.
+
 Several engines of one model on a node (Ray Data ``concurrency=N``, Serve ``num_replicas=N``)
 and the tensor-parallel ranks of one engine each stream the whole checkpoint: the node reads
 N x S. With the relay, the first reader on the node copies the weight objects once, with
@@ -31,40 +34,33 @@ It is on by default, so it must be safe to leave on (docs/node-relay.md has the 
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
-import json
 import os
 import shutil
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import ShimError
 from ..log import human_bytes, logger
-from ..redact import redact_text
 from ..stores.endpoint import principal
 from ..tables import settings
-from . import locks, memory
+from . import locks, memory, relay_copy
 from .fetch import (
     FsAndPath,
     Listing,
     default_fs_and_path,
-    identity_of,
     list_model,
-    metadata_of,
     open_store,
     probe_identity,
     run_all,
 )
+from .relay_copy import CopyFailed, complete, copy_weights, read_marker
 from .staging import (
     LEGACY_STAGING,
     STAGING,
-    Staging,
     UnsafeDirectory,
     private_dir,
     staging_label,
@@ -72,22 +68,8 @@ from .staging import (
 )
 
 RELAY, RELAY_DIR, RELAY_KEEP = settings.RELAY, settings.RELAY_DIR, settings.RELAY_KEEP
-MARKER = ".ray-runai-shim-relay.json"
-RANGE_BYTES = 32 << 20
-WORKERS = 8
-#: A copy (or a range of it) that makes no progress for this long is given up: the fetcher
-#: streams, and so does every reader waiting for it. Progress, not a fixed clock: a slow but
-#: moving copy is waited for however long it takes.
-STALL_S = 120.0
 #: A copy that failed this recently is not tried again by the next waiter: it streams.
 FAILED_S = 60.0
-RETRY_PAUSE_S = 0.5
-#: Tries per range while the copy still moves elsewhere. pyarrow's S3 client gives up on a
-#: reply that sends nothing for 3 s (the AWS SDK's request timeout) and tries twice more; a
-#: busy node or a congested link does that now and then (tests/snapshot/test_relay.py).
-RANGE_TRIES = 8
-#: Tests turn this off to show what a copy is without its version pin.
-PIN_VERSIONS = True
 
 
 def mode() -> str:
@@ -141,182 +123,12 @@ class Relay:
         return str(self.path)
 
 
-class CopyFailed(Exception):
-    """The copy cannot be made (the store, the directory, a changed object); readers stream."""
-
-
-# --------------------------------------------------------------------------- markers
-
-
-def read_marker(path: Path) -> Optional[dict]:
-    try:
-        fd = os.open(path / MARKER, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            marker = json.loads(f.read(1 << 20))
-    except (OSError, ValueError):
-        return None
-    return marker if isinstance(marker, dict) else None
-
-
-def _complete(path: Path, listing: Listing) -> bool:
-    """The copy at *path* is whole and of exactly the versions *listing* names."""
-    marker = read_marker(path)
-    if marker is None or marker.get("bytes") != listing.weight_bytes:
-        return False
-    files = marker.get("files") or {}
-    for f in listing.weights:
-        got = files.get(f.key)
-        if not isinstance(got, dict) or got.get("size") != f.size or got.get("identity") != f.identity:
-            return False
-        try:
-            if os.lstat(path / f.key).st_size != f.size:
-                return False
-        except OSError:
-            return False
-    return True
-
-
 def _touch(path: Path) -> None:
     """Mark *path* used now (the sweep keeps the most recently used copies)."""
     try:
         os.utime(path, follow_symlinks=False)
     except OSError:
         pass
-
-
-# --------------------------------------------------------------------------- copy
-
-
-class _Progress:
-    """Bytes done, shared by the copy's threads; a range is retried while the copy moves."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.done = 0
-        self.moved = time.monotonic()
-
-    def add(self, n: int) -> None:
-        with self.lock:
-            self.done += n
-            self.moved = time.monotonic()
-
-    def stalled_for(self) -> float:
-        return time.monotonic() - self.moved
-
-
-def _read_range(src: Any, off: int, length: int, uri: str, progress: _Progress) -> bytes:
-    """*length* bytes at *off*, read again after a failed try while the copy makes progress
-    (up to ``RANGE_TRIES`` tries, and never past ``STALL_S`` without progress)."""
-    attempt = 1
-    while True:
-        try:
-            return src.read_at(length, off)
-        except OSError as e:
-            if attempt >= RANGE_TRIES or progress.stalled_for() >= STALL_S:
-                raise
-            attempt += 1
-            logger.warning("ray-runai-shim: node relay: reading %s bytes at %s from %s failed (%s); try %d of %d",
-                           length, off, uri, redact_text(str(e).splitlines()[0][:200]), attempt, RANGE_TRIES)
-            time.sleep(min(RETRY_PAUSE_S * attempt, 5.0))
-
-
-def _changed(uri: str, key: str, was: Optional[str], now: Optional[str]) -> CopyFailed:
-    return CopyFailed(f"{uri.rstrip('/')}/{key} changed while the node relay copied it ({was} became {now})")
-
-
-def _copy(listing: Listing, fs: Any, prefix: str, store: Any, base: Path, key: str, final: Path) -> int:
-    """Every weight object of *listing* into a staging directory, in ranges read in parallel,
-    pinned to the listed versions; renamed to *final* once whole. Raises :class:`CopyFailed`
-    (nothing left behind) for what the relay cannot help."""
-    staging = Staging(base, label=_label(key))
-    jobs: list[tuple[Any, int, int, int]] = []  # (source, fd, offset, length)
-    sources: list[Any] = []
-    outs: list[Any] = []
-    progress = _Progress()
-    try:
-        for f in listing.weights:
-            out = staging.create(PurePosixPath(f.key), mode=0o600)
-            outs.append(out)
-            try:  # reserve the whole object now: a full directory fails here, before any GET
-                os.posix_fallocate(out.fileno(), 0, f.size)
-            except OSError as e:
-                if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-                    raise CopyFailed(_full_message(base, listing.weight_bytes)) from e
-                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                    raise
-                os.ftruncate(out.fileno(), f.size)
-            src = fs.open_input_file(f"{prefix}/{f.key}")  # random access: ranged GETs, bytes as stored
-            sources.append(src)
-            seen = identity_of(metadata_of(src))
-            if src.size() != f.size or (PIN_VERSIONS and f.identity and seen and seen != f.identity):
-                raise _changed(listing.uri, f.key, f"{f.size} bytes, {f.identity}", f"{src.size()} bytes, {seen}")
-            jobs.extend((src, out.fileno(), off, min(RANGE_BYTES, f.size - off)) for off in range(0, f.size, RANGE_BYTES))
-
-        def copy(job: tuple[Any, int, int, int]) -> int:
-            src, fd, off, length = job
-            data = _read_range(src, off, length, listing.uri, progress)
-            if len(data) != length:
-                raise CopyFailed(f"short read from {listing.uri} ({len(data)} of {length} bytes at offset {off}): "
-                                 "the object changed or the store cut the reply")
-            view = memoryview(data)
-            done = 0
-            while done < length:
-                done += os.pwrite(fd, view[done:], off + done)
-            progress.add(length)
-            return length
-
-        with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="rrs-relay") as pool:
-            got = sum(pool.map(copy, jobs))
-        if PIN_VERSIONS:  # the other end of the pin: each object still the version the copy began with
-            now = run_all(probe_identity, listing.weights, fs, prefix, listing.uri, store)
-            for f, seen in zip(listing.weights, now):
-                if f.identity and seen != f.identity:
-                    raise _changed(listing.uri, f.key, f.identity, seen)
-        marker = {
-            "uri": listing.uri, "store": _store_key(store), "bytes": got, "key": key,
-            "files": {f.key: {"size": f.size, "identity": f.identity} for f in listing.weights},
-            "verified": ("every object's size, and its identity when listed, when opened and after its last "
-                         "range" if PIN_VERSIONS else "sizes only"),
-            "made": time.time(),
-        }
-        with staging.create(PurePosixPath(MARKER), mode=0o600) as out:
-            out.write(json.dumps(marker).encode())
-        for out in outs:
-            out.close()
-        outs.clear()
-        staging.commit(final)
-        return got
-    except ShimError as e:  # a store fault named by the fetch's words (e.g. the closing HEAD)
-        staging.discard()
-        raise CopyFailed(str(e)) from e
-    except OSError as e:
-        staging.discard()
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise CopyFailed(_full_message(base, listing.weight_bytes)) from e
-        raise CopyFailed(f"reading {listing.uri} failed: {redact_text(str(e).splitlines()[0][:300])}") from e
-    except BaseException:
-        staging.discard()
-        raise
-    finally:
-        for out in outs:
-            try:
-                out.close()
-            except OSError:
-                pass
-        for src in sources:
-            try:
-                src.close()
-            except OSError:
-                pass
-
-
-def _full_message(base: Path, nbytes: int) -> str:
-    return (f"the relay directory {base} filled up ({human_bytes(memory.fs_free(base) or 0)} free, "
-            f"{human_bytes(nbytes)} needed; /dev/shm is shared with Ray's object store and NCCL): set "
-            f"{RELAY_DIR} to a larger memory-backed directory")
 
 
 # --------------------------------------------------------------------------- sweep
@@ -462,7 +274,7 @@ def _stream_instead(why: str) -> None:
 
 def _wait_for_fetch(base: Path, key: str, uri: str) -> Optional[int]:
     """The key's fetch lock, waited for while the fetcher holding it makes progress; None
-    after ``STALL_S`` without any (the caller streams)."""
+    after ``relay_copy.STALL_S`` without any (the caller streams)."""
     path = base / f".{key}.fetch"
     fd = locks.flock_path(path, fcntl.LOCK_EX, deadline=time.monotonic())
     if fd is not None:
@@ -477,7 +289,7 @@ def _wait_for_fetch(base: Path, key: str, uri: str) -> Optional[int]:
         now = time.monotonic()
         if seen > last_seen:
             last_seen, last_move = seen, now
-        if now - last_move >= STALL_S:
+        if now - last_move >= relay_copy.STALL_S:
             return None
         if now - told >= 30:
             told = now
@@ -537,14 +349,14 @@ def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Opt
     after one WARNING, whenever the relay cannot serve the copy (it does not fit, the
     directory is not safe, the copy failed or stalled): the caller streams from the store."""
     started = time.monotonic()
-    fs, prefix, store = open_store(uri, fs_and_path)
-    listing = listing or list_model(uri, fs_and_path)
+    fs, prefix, store = opened = open_store(uri, fs_and_path)
+    listing = listing or list_model(uri, fs_and_path, opened)
     if not listing.weights:
         return None
     base = _open_base()
     if base is None:
         return None
-    if PIN_VERSIONS:  # one HEAD per weight object: its version is part of the key
+    if relay_copy.PIN_VERSIONS:  # one HEAD per weight object: its version is part of the key
         for f, ident in zip(listing.weights, run_all(probe_identity, listing.weights, fs, prefix, uri, store)):
             f.identity = ident
     key = key_for(listing, _store_key(store))
@@ -556,7 +368,7 @@ def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Opt
     try:
         sweep(base, current=(listing.uri, _store_key(store), key))
         fetched = False
-        if not _complete(final, listing):
+        if not complete(final, listing):
             room = memory.room(base)
             if nbytes > room.usable():
                 logger.warning(
@@ -566,10 +378,10 @@ def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Opt
                 return _give_up(use_fd, base)
             fetch_fd = _wait_for_fetch(base, key, listing.uri)
             if fetch_fd is None:
-                _stream_instead(f"the copy of {listing.uri} made no progress for {STALL_S:.0f} s")
+                _stream_instead(f"the copy of {listing.uri} made no progress for {relay_copy.STALL_S:.0f} s")
                 return _give_up(use_fd, base)
             try:
-                if not _complete(final, listing):
+                if not complete(final, listing):
                     sweep(base, current=(listing.uri, _store_key(store), key))  # what a fetcher that died left
                     failed = _failed_recently(base, key)
                     if failed is not None:
@@ -577,7 +389,7 @@ def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Opt
                         return _give_up(use_fd, base)
                     shutil.rmtree(final, ignore_errors=True)  # a broken copy under this key
                     try:
-                        _copy(listing, fs, prefix, store, base, key, final)
+                        copy_weights(listing, fs, prefix, store, _store_key(store), base, key, final)
                     except CopyFailed as e:
                         _note_failure(base, key, str(e))
                         _stream_instead(str(e))

@@ -22,7 +22,7 @@ from support.procs import base_env
 from support.proxy import CountingProxy
 from support.relaychild import CHILD
 
-from ray_runai_shim.snapshot import memory, relay
+from ray_runai_shim.snapshot import memory, relay, relay_copy
 from ray_runai_shim.stores.endpoint import endpoint_s3_filesystem
 
 MIB = 1 << 20
@@ -110,7 +110,7 @@ def fs_for(endpoint: str):
 def test_the_copy_is_exact_private_and_complete(s3, big, relay_dir, monkeypatch):
     for k, v in s3.env().items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr(relay, "RANGE_BYTES", 1 * MIB)  # many ranges per object, fetched in parallel
+    monkeypatch.setattr(relay_copy, "RANGE_BYTES", 1 * MIB)  # many ranges per object, fetched in parallel
     got = relay.acquire(big["uri"], fs_for(s3.endpoint))
     try:
         assert got is not None and got.fetched and got.nbytes == big["bytes"]
@@ -120,7 +120,7 @@ def test_the_copy_is_exact_private_and_complete(s3, big, relay_dir, monkeypatch)
         assert not (got.path / "config.json").exists()  # weights only: the non-weight files are the cache's
         assert oct(relay.root().stat().st_mode & 0o777) == "0o700"
         assert [p.name for p in relay.root().iterdir() if ".staging-" in p.name] == []
-        marker = json.loads((got.path / relay.MARKER).read_text())
+        marker = json.loads((got.path / relay_copy.MARKER).read_text())
         assert marker["bytes"] == big["bytes"] and "testing" not in json.dumps(marker)
         again = relay.acquire(big["uri"], fs_for(s3.endpoint))  # a second reader in this process
         assert again is not None and not again.fetched and again.path == got.path
@@ -215,7 +215,7 @@ def test_a_range_the_store_stalls_on_is_read_again(s3, big, relay_dir, monkeypat
 
     # One try per range (the relay before the retries): the same stall fails the copy; the
     # reader is told once and streams from the store instead, and nothing is left behind.
-    monkeypatch.setattr(relay, "RANGE_TRIES", 1)
+    monkeypatch.setattr(relay_copy, "RANGE_TRIES", 1)
     caplog.clear()
     with CountingProxy(s3.port) as proxy:
         proxy.stall("00001-of-00002.safetensors", 3.5, times=3)

@@ -28,7 +28,7 @@ from support.proxy import CountingProxy
 from ray_runai_shim import doctor
 from ray_runai_shim.errors import ShimError
 from ray_runai_shim.integrations.relay import check_memory_limit
-from ray_runai_shim.snapshot import locks, memory, relay
+from ray_runai_shim.snapshot import locks, memory, relay, relay_copy
 from ray_runai_shim.stores.endpoint import endpoint_s3_filesystem
 
 MIB = 1 << 20
@@ -188,8 +188,8 @@ def test_an_object_overwritten_mid_copy_is_never_served(s3, relay_dir, monkeypat
     shard = "model-00001-of-00001.safetensors"
     model = _upload(s3, "safety/torn", {shard: 6 * MIB}, 3)
     new = bytes(b ^ 0xFF for b in model["blobs"][shard])  # same size, new content: size and length checks pass
-    monkeypatch.setattr(relay, "RANGE_BYTES", MIB)
-    monkeypatch.setattr(relay, "WORKERS", 1)  # one range after another: the overwrite lands between them
+    monkeypatch.setattr(relay_copy, "RANGE_BYTES", MIB)
+    monkeypatch.setattr(relay_copy, "WORKERS", 1)  # one range after another: the overwrite lands between them
 
     def copy_while_overwritten():
         base = relay.root()
@@ -219,7 +219,7 @@ def test_an_object_overwritten_mid_copy_is_never_served(s3, relay_dir, monkeypat
     assert copies_in(relay_dir) == []
 
     # Control: the same copy without the version pin is served, and it is neither version.
-    monkeypatch.setattr(relay, "PIN_VERSIONS", False)
+    monkeypatch.setattr(relay_copy, "PIN_VERSIONS", False)
     got = copy_while_overwritten()
     try:
         data = (got.path / shard).read_bytes()
@@ -234,7 +234,7 @@ def test_the_key_holds_each_objects_identity_and_the_reading_account(s3, two_mod
     fs = fs_for(s3.endpoint)
     first = relay.acquire(a["uri"], fs)
     try:
-        marker = json.loads((first.path / relay.MARKER).read_text())
+        marker = json.loads((first.path / relay_copy.MARKER).read_text())
         etags = {s3.client().head_object(Bucket=BUCKET, Key=a["prefix"] + "/" + k)["ETag"] for k in a["blobs"]}
         assert {f["identity"] for f in marker["files"].values()} == {f"etag:{e}" for e in etags}
         assert "identity when listed, when opened and after its last range" in marker["verified"]

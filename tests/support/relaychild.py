@@ -36,16 +36,16 @@ def stream_tensors(paths: list[str]) -> dict[str, str]:
 
 
 def main(args: dict[str, Any]) -> dict[str, Any]:
-    from ray_runai_shim.snapshot import relay
+    from ray_runai_shim.snapshot import relay, relay_copy
     from ray_runai_shim.stores.endpoint import endpoint_s3_filesystem
 
     def fs_and_path(uri: str):
         return endpoint_s3_filesystem(False, args["endpoint"]), uri.split("://", 1)[1]
 
     if args.get("range"):
-        relay.RANGE_BYTES = int(args["range"])
+        relay_copy.RANGE_BYTES = int(args["range"])
     if args.get("tries"):
-        relay.RANGE_TRIES = int(args["tries"])
+        relay_copy.RANGE_TRIES = int(args["tries"])
     t0 = time.monotonic()
     result: dict[str, Any] = {"pid": os.getpid()}
     if args["mode"] == "relay":
