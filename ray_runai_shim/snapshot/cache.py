@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -40,7 +39,7 @@ from ..log import logger
 from ..redact import MASK, redact_url
 from ..tables import settings
 from .locks import CacheUnusable, fetch_lock, hold, lock_path, try_exclusive
-from .staging import LEGACY_OLD, LEGACY_STAGING, STAGING, Staging, staging_owner_alive
+from .staging import LEGACY_OLD, LEGACY_STAGING, STAGING, Staging, read_json, staging_owner_alive
 
 __all__ = [
     "DIR_NAME",
@@ -292,16 +291,7 @@ def _trusted_entry(st: os.stat_result) -> bool:
 
 def read_manifest(vdir: Path) -> Optional[dict]:
     """The manifest of *vdir*, read without following a symlink; None if absent/invalid."""
-    try:
-        fd = os.open(vdir / MANIFEST, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            data = json.loads(f.read(16 << 20))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json(vdir / MANIFEST, 16 << 20)
 
 
 def verify(

@@ -32,7 +32,7 @@ from ..redact import redact_text
 from ..tables import settings
 from . import memory
 from .fetch import Listing, identity_of, metadata_of, probe_identity, run_all
-from .staging import Staging
+from .staging import Staging, read_json
 
 MARKER = ".ray-runai-shim-relay.json"
 RANGE_BYTES = 32 << 20
@@ -55,16 +55,8 @@ class CopyFailed(Exception):
 
 
 def read_marker(path: Path) -> Optional[dict]:
-    try:
-        fd = os.open(path / MARKER, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            marker = json.loads(f.read(1 << 20))
-    except (OSError, ValueError):
-        return None
-    return marker if isinstance(marker, dict) else None
+    """The completion marker of the copy at *path* (None: not complete, or not ours)."""
+    return read_json(path / MARKER, 1 << 20)
 
 
 def complete(path: Path, listing: Listing) -> bool:

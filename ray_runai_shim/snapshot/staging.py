@@ -10,6 +10,7 @@ through a symlink, wherever one was planted.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -78,6 +79,21 @@ def staging_owner_alive(name: str) -> bool:
         return False
     start = _start_time(pid)
     return start is not None and (start == m["start"] or start == "0")
+
+
+def read_json(path: Path, limit: int) -> Optional[dict]:
+    """The JSON object in *path* (a manifest, a marker), read without following a symlink and
+    at most *limit* bytes; None when it is absent, unreadable or not an object."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            data = json.loads(f.read(limit))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def staging_label(name: str) -> Optional[str]:
