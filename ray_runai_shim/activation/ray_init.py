@@ -56,8 +56,11 @@ def _load(path: str) -> Callable[[], Any]:
 
 
 def worker_setup() -> None:
-    """The job-level setup hook: the import installs the shim, then the user's hook runs."""
-    import ray_runai_shim  # noqa: F401  (import is install)
+    """The job-level setup hook: the shim installs (as ``import ray_runai_shim`` does; importing
+    this module already ran that), then the user's hook runs."""
+    from .bootstrap import activate
+
+    activate()
 
     chained = os.environ.get(CHAIN_ENV)
     if chained and chained != SETUP_HOOK:
