@@ -166,7 +166,7 @@ def test_local_path_and_hub_id_are_untouched(models, sandbox):
 
 
 def test_an_azure_source_gets_rays_own_outcome_and_a_warning_naming_the_route(sandbox):
-    """Azure is not streamed by the shim (ray_runai_shim/azure.py says why): the stage gets
+    """Azure is not streamed by the shim (ray_runai_shim/stores/azure.py says why): the stage gets
     exactly Ray's outcome, plus one WARNING, where Ray alone is silent."""
     src = "abfss://models@acct.dfs.core.windows.net/llm/tiny?sv=2024&sig=SECRET"
     runs = {}

@@ -1,4 +1,4 @@
-"""Azure sources are recognised and explained, never streamed (ray_runai_shim/azure.py).
+"""Azure sources are recognised and explained, never streamed (ray_runai_shim/stores/azure.py).
 
 End to end: test_ray_data (Ray 2.48's real stage: Ray's own outcome plus one WARNING) and
 test_doctor. Here: which requests count, and that nothing secret is repeated.

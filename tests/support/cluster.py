@@ -67,7 +67,7 @@ class RayCluster:
 
     def __init__(self, env: dict[str, str], *, dashboard: bool = False, root: Optional[Path] = None,
                  ray_bin: str = RAY) -> None:
-        self.ray_bin = ray_bin  # another image's `ray` (tests/test_deploy.py)
+        self.ray_bin = ray_bin  # another image's `ray` (tests/activation/test_deploy.py)
         self.root = root or Path(tempfile.mkdtemp(prefix="rrs-cl-", dir="/tmp"))
         self.token = uuid.uuid4().hex
         self.env = {**env, "HOME": str(self.root), MARKER: self.token}
