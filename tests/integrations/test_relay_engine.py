@@ -77,7 +77,7 @@ import json, ray
 from types import SimpleNamespace
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-from ray_runai_shim.integrations.relay import ranks_all_here
+from ray_runai_shim.integrations.relay_readers import ranks_all_here
 ray.init(num_cpus=2, include_dashboard=False)
 engine = SimpleNamespace(distributed_executor_backend="ray", tensor_parallel_size=2, pipeline_parallel_size=1)
 

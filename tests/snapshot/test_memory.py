@@ -233,7 +233,7 @@ def test_set_budget_on_a_relay_copy_sets_the_small_buffer_and_on_a_lone_reader_n
     """A sparse 768 MiB local checkpoint of 128 MiB tensors (headers real, data holes)."""
     import struct
 
-    from ray_runai_shim.integrations import relay as relay_integration
+    from ray_runai_shim.integrations import relay_budget as relay_integration
 
     n = TENSOR // 4
     header = {f"w{i}": {"dtype": "F32", "shape": [n], "data_offsets": [i * TENSOR, (i + 1) * TENSOR]} for i in range(6)}

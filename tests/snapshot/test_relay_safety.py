@@ -27,7 +27,7 @@ from support.proxy import CountingProxy
 
 from ray_runai_shim import doctor
 from ray_runai_shim.errors import ShimError
-from ray_runai_shim.integrations.relay import check_memory_limit
+from ray_runai_shim.integrations.relay_budget import check_memory_limit
 from ray_runai_shim.snapshot import locks, memory, relay, relay_copy
 from ray_runai_shim.stores.endpoint import endpoint_s3_filesystem
 

@@ -57,7 +57,7 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
             result.update(relay=str(got.path), fetched=got.fetched)
             paths = [str(got.path / k) for k in args["weights"]]
         if args.get("budget"):
-            from ray_runai_shim.integrations.relay import (
+            from ray_runai_shim.integrations.relay_budget import (
                 MEMORY_LIMIT,
                 REQUEST_TIMEOUT,
                 REQUEST_TIMEOUT_MS,
