@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -336,6 +337,34 @@ def verify(
         if not stat.S_ISREG(fst.st_mode) or fst.st_size != size or not _trusted_entry(fst):
             return False
     return True
+
+
+# --------------------------------------------------------------------------- the reuse policy
+
+
+def reusable(place: Place, group: str, source: str, store_key: str, ids: Mapping[str, tuple[int, str]],
+             paths: Mapping[str, PurePosixPath]) -> tuple[Path, bool]:
+    """The version directory of exactly *ids* (key -> size, content identity), held for reading
+    from now on whether or not it exists yet (so no cleanup removes it once made), and whether it
+    is complete and trustworthy now. When it is, the group's other versions nobody reads go."""
+    vdir = version_dir(place, group, content_digest(ids))
+    hold(vdir)
+    ok = verify(vdir, source, store_key, ids, paths)
+    if ok:
+        cleanup(place, group, keep=vdir)
+    return vdir, ok
+
+
+def commit_version(place: Place, group: str, vdir: Path, staging: Staging, record: dict) -> None:
+    """Write *record* as the manifest and rename *staging* to *vdir* whole, replacing a broken
+    version left there (tampered, half-deleted); then the group's unread versions go. OSError
+    from the disk is the caller's to name."""
+    with staging.create(PurePosixPath(MANIFEST), mode=0o600) as out:
+        out.write(json.dumps(record, indent=1, sort_keys=True).encode())
+    if vdir.exists() or vdir.is_symlink():
+        discard(place, vdir)
+    staging.commit(vdir)
+    cleanup(place, group, keep=vdir)
 
 
 # --------------------------------------------------------------------------- cleanup

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -424,28 +423,29 @@ def _staging(place: Place, uri: str, nbytes: int) -> Staging:
 def _materialise(
     place: Place, listing: Listing, paths: dict[str, PurePosixPath], fs: Any, prefix: str, store: Store
 ) -> FetchResult:
+    """Reuse the cache's complete version of these files, or copy them into a new one (the reuse
+    policy is the cache's: :func:`.cache.reusable`, :func:`.cache.commit_version`)."""
     uri = listing.uri
     store_key = store.key()
     group = cache.group_name(uri, store_key)
     result = FetchResult(local_dir="", listing=listing, private=place.private)
     ids: dict[str, tuple[int, str]] = {f.key: (f.size, f.identity or "") for f in listing.nonweights}
     known = all(f.identity for f in listing.nonweights)
-    vdir: Optional[Path] = None
 
-    def reuse(v: Path) -> FetchResult:
+    def reused(v: Path) -> FetchResult:
         result.local_dir, result.reused = str(v), True
-        cache.cleanup(place, group, keep=v)
         return result
 
     if known:  # the common case: decide before taking the fetch lock
-        vdir = cache.version_dir(place, group, cache.content_digest(ids))
-        cache.hold(vdir)
-        if cache.verify(vdir, uri, store_key, ids, paths):
-            return reuse(vdir)
+        vdir, ok = cache.reusable(place, group, uri, store_key, ids, paths)
+        if ok:
+            return reused(vdir)
 
     with cache.fetch_lock(place.base, group, cache.lock_timeout()):
-        if vdir is not None and cache.verify(vdir, uri, store_key, ids, paths):
-            return reuse(vdir)  # another process fetched it while we waited
+        if known:
+            vdir, ok = cache.reusable(place, group, uri, store_key, ids, paths)
+            if ok:
+                return reused(vdir)  # another process fetched it while we waited
         cache.cleanup(place)  # staging dirs of dead processes, trash
         staging = _staging(place, uri, listing.nonweight_bytes)
         try:
@@ -461,28 +461,20 @@ def _materialise(
             result.fetched_bytes = sum(c[0] for c in copied)
             if not known:  # the store gives no identity: name the version by content
                 ids = {k: (v["size"], v["id"]) for k, v in files.items()}
-                vdir = cache.version_dir(place, group, cache.content_digest(ids))
-                cache.hold(vdir)
-                if cache.verify(vdir, uri, store_key, ids, paths):
+                vdir, ok = cache.reusable(place, group, uri, store_key, ids, paths)
+                if ok:
                     staging.discard()
                     result.local_dir = str(vdir)
-                    cache.cleanup(place, group, keep=vdir)
                     return result
-            assert vdir is not None
             record = cache.manifest(uri, store_key, files, {w.key: w.size for w in listing.weights})
             try:
-                with staging.create(PurePosixPath(MANIFEST), mode=0o600) as out:
-                    out.write(json.dumps(record, indent=1, sort_keys=True).encode())
-                if vdir.exists() or vdir.is_symlink():
-                    cache.discard(place, vdir)  # a broken version (tampered, half-deleted)
-                staging.commit(vdir)
+                cache.commit_version(place, group, vdir, staging, record)
             except OSError as e:
                 raise local_error(e, path=vdir, uri=uri, nbytes=listing.nonweight_bytes) from e
         except BaseException:
             staging.discard()
             raise
         result.local_dir = str(vdir)
-        cache.cleanup(place, group, keep=vdir)
         return result
 
 
