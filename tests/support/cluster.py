@@ -9,6 +9,7 @@ sends SIGTERM, then SIGKILL, to exactly the processes that carry it (read from
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import shutil
 import signal
@@ -100,8 +101,16 @@ class RayCluster:
                 if self.dashboard else ["--include-dashboard=false"])
         dash = [*dash, *ports]
         self.ray("start", "--head", f"--port={self.port}", f"--temp-dir={self.root / 't'}",
-                 "--node-ip-address=127.0.0.1", *dash, *extra, env=env)
+                 "--node-ip-address=127.0.0.1", *dash, *self._worker_ports(), *extra, env=env)
         return self
+
+    @staticmethod
+    def _worker_ports() -> list[str]:
+        """A block of worker ports of this node's own, outside Ray's default 10002-19999 (which
+        every local ``ray.init()`` of the other tests uses): two raylets on one machine handing
+        out the same port made a driver's core worker fail to bind (``grpc_server.cc``)."""
+        low = 20000 + 300 * random.randrange(40)
+        return [f"--min-worker-port={low}", f"--max-worker-port={low + 299}"]
 
     def add_node(self, *extra: str, env: Optional[dict[str, str]] = None,
                  private: Sequence[Path] = (), make: Sequence[Path] = ()) -> RayCluster:
@@ -113,8 +122,8 @@ class RayCluster:
             steps = [f"mount -t tmpfs tmpfs {shlex.quote(str(p))}" for p in private]
             steps += [f"mkdir -p {shlex.quote(str(p))}" for p in make] + ['exec "$0" "$@"']
             prefix = ("unshare", "--mount", "--propagation", "private", "sh", "-c", " && ".join(steps))
-        self.ray("start", f"--address={self.address}", "--node-ip-address=127.0.0.1", *extra, env=env,
-                 prefix=prefix)
+        self.ray("start", f"--address={self.address}", "--node-ip-address=127.0.0.1", *self._worker_ports(), *extra,
+                 env=env, prefix=prefix)
         return self
 
     def stop(self) -> list[int]:
