@@ -84,9 +84,10 @@ def _weights_of(model_config: Any) -> Optional[str]:
 
 @fail_open("the node relay", fallback="this engine streams its weights from the store itself")
 def create_engine_config(original: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-    if normalize_load_format(getattr(instance, "load_format", None)) in STREAMER_FORMATS:
+    load_format = normalize_load_format(getattr(instance, "load_format", None))
+    if load_format in STREAMER_FORMATS:
         check_memory_limit(instance)
-    if normalize_load_format(getattr(instance, "load_format", None)) not in RELAYED_FORMATS:
+    if load_format not in RELAYED_FORMATS:
         raise NotApplicable("not the runai_streamer load format")
     if loader_extra(instance).get("distributed"):
         _decided("distributed streaming asked for: left to vLLM, which splits the reads among the ranks")

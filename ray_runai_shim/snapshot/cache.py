@@ -40,6 +40,7 @@ from ..log import logger
 from ..redact import MASK, redact_url
 from ..tables import settings
 from .locks import CacheUnusable, fetch_lock, hold, lock_path, try_exclusive
+from .locks import close as close_lock
 from .staging import LEGACY_OLD, LEGACY_STAGING, STAGING, Staging, read_json, staging_owner_alive
 
 __all__ = [
@@ -395,7 +396,7 @@ def _remove_under_lock(place: Place, name: str, target: Path) -> bool:
                 pass
         return True
     finally:
-        os.close(fd)
+        close_lock(fd)
 
 
 def discard(place: Place, vdir: Path) -> None:
@@ -458,7 +459,7 @@ def _cleanup_entry(
                 if not (place.base / version).exists():
                     os.unlink(path)
             finally:
-                os.close(fd)
+                close_lock(fd)
     return False
 
 

@@ -47,13 +47,6 @@ _held: dict[str, int] = {}
 _held_guard = threading.Lock()
 
 
-def _open_lock(path: Path) -> int:
-    try:
-        return os.open(path, os.O_RDONLY | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC, 0o644)
-    except OSError as e:
-        raise CacheUnusable(f"cannot open the lock file {path}: {e.strerror}") from e
-
-
 def same_file(fd: int, path: Path) -> bool:
     try:
         st = os.stat(path, follow_symlinks=False)
@@ -65,7 +58,8 @@ def same_file(fd: int, path: Path) -> bool:
 
 def hold(vdir: Path) -> bool:
     """Take a shared lock on *vdir* for the life of this process (so no cleanup removes it
-    under a reader). False when the lock file cannot be created (a read-only cache)."""
+    under a reader). False when the lock file cannot be created (a read-only cache) or locked
+    (ENOLCK: NFS without lockd, where nobody can take it exclusively either)."""
     path = lock_path(vdir)
     key = str(path)
     with _held_guard:
@@ -73,22 +67,13 @@ def hold(vdir: Path) -> bool:
         if fd is not None and same_file(fd, path):
             return True
         if fd is not None:
-            os.close(fd)
+            close(fd)
             del _held[key]
-        while True:
-            try:
-                fd = _open_lock(path)
-            except CacheUnusable:
-                return False
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH)  # exclusive holders only delete, briefly
-            except OSError:  # ENOLCK (NFS without lockd): nobody can take it exclusively either
-                os.close(fd)
-                return False
-            if same_file(fd, path):
-                _held[key] = fd
-                return True
-            os.close(fd)  # the file was removed between open and lock: retry on the new one
+        try:
+            _held[key] = flock_path(path, fcntl.LOCK_SH, mode=0o644)  # exclusive holders only delete, briefly
+        except OSError:
+            return False
+        return True
 
 
 _no_inherit: set[int] = set()
@@ -156,20 +141,11 @@ def flock_path(path: Path, how: int, deadline: Optional[float] = None, mode: int
 
 
 def try_exclusive(path: Path) -> Optional[int]:
-    """An exclusive lock on *path* if nobody holds it now (an fd to close), else None."""
+    """An exclusive lock on *path* if nobody holds it now (an fd for :func:`close`), else None."""
     try:
-        fd = _open_lock(path)
-    except CacheUnusable:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return flock_path(path, fcntl.LOCK_EX, deadline=time.monotonic(), mode=0o644)
     except OSError:
-        os.close(fd)
         return None
-    if not same_file(fd, path):
-        os.close(fd)
-        return None
-    return fd
 
 
 @contextmanager
@@ -177,28 +153,19 @@ def fetch_lock(base: Path, group: str, timeout: float) -> Iterator[None]:
     """One fetcher per (store, URI) on this node; the others wait and then reuse.
     ``CacheUnusable`` when the lock cannot be had within *timeout* seconds."""
     path = base / f".{group}.fetch-lock"
-    fd = _open_lock(path)
+    start = time.monotonic()
+    deadline = start + timeout
     try:
-        deadline = time.monotonic() + timeout
-        delay, told = 0.02, False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as e:
-                if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    raise CacheUnusable(f"cannot lock {path}: {e.strerror}") from e
-            now = time.monotonic()
-            if now >= deadline:
-                raise CacheUnusable(
-                    f"{path} has been locked by another process for more than {timeout:g} s "
-                    f"({settings.LOCK_TIMEOUT})"
-                )
-            if not told and now - (deadline - timeout) > 10:
-                told = True
-                logger.info("ray-runai-shim: waiting for another process fetching into %s", base)
-            time.sleep(min(delay, max(0.0, deadline - now)))
-            delay = min(delay * 2, 0.5)
+        fd = flock_path(path, fcntl.LOCK_EX, deadline=min(deadline, start + 10), mode=0o644)
+        if fd is None and deadline > start + 10:
+            logger.info("ray-runai-shim: waiting for another process fetching into %s", base)
+            fd = flock_path(path, fcntl.LOCK_EX, deadline=deadline, mode=0o644)
+    except OSError as e:
+        raise CacheUnusable(f"cannot lock {path}: {e.strerror}") from e
+    if fd is None:
+        raise CacheUnusable(f"{path} has been locked by another process for more than {timeout:g} s "
+                            f"({settings.LOCK_TIMEOUT})")
+    try:
         yield
     finally:
-        os.close(fd)  # releases the lock
+        close(fd)  # releases the lock

@@ -57,7 +57,7 @@ from .fetch import (
     probe_identity,
     run_all,
 )
-from .relay_copy import CopyFailed, complete, copy_weights, read_marker
+from .relay_copy import CopyFailed, complete, copy_weights, label_of, read_marker
 from .staging import (
     LEGACY_STAGING,
     STAGING,
@@ -101,10 +101,6 @@ def key_for(listing: Listing, store_key: str) -> str:
 def _store_key(store: Any) -> str:
     """The store and the account that reads it (two tenants of one uid never share a copy)."""
     return f"{store.key()}|{principal()}"
-
-
-def _label(key: str) -> str:
-    return key[-16:]
 
 
 @dataclass
@@ -276,16 +272,13 @@ def _wait_for_fetch(base: Path, key: str, uri: str) -> Optional[int]:
     """The key's fetch lock, waited for while the fetcher holding it makes progress; None
     after ``relay_copy.STALL_S`` without any (the caller streams)."""
     path = base / f".{key}.fetch"
-    fd = locks.flock_path(path, fcntl.LOCK_EX, deadline=time.monotonic())
-    if fd is not None:
-        return fd
-    started = last_move = time.monotonic()
-    last_seen, told = -1.0, 0.0
+    started = last_move = told = time.monotonic()
+    last_seen = -1.0
     while True:
         fd = locks.flock_path(path, fcntl.LOCK_EX, deadline=time.monotonic() + 0.5)
         if fd is not None:
             return fd
-        seen = _staging_activity(base, _label(key))
+        seen = _staging_activity(base, label_of(key))
         now = time.monotonic()
         if seen > last_seen:
             last_seen, last_move = seen, now
@@ -294,7 +287,7 @@ def _wait_for_fetch(base: Path, key: str, uri: str) -> Optional[int]:
         if now - told >= 30:
             told = now
             logger.info("ray-runai-shim: node relay: waiting %.0f s for another process on this node copying %s "
-                        "(%s so far)", now - started, uri, human_bytes(_staging_bytes(base, _label(key))))
+                        "(its last write %.0f s ago)", now - started, uri, now - last_move)
 
 
 def _staging_dirs(base: Path, label: str) -> list[Path]:
@@ -315,10 +308,6 @@ def _staging_activity(base: Path, label: str) -> float:
                 except OSError:
                     pass
     return latest
-
-
-def _staging_bytes(base: Path, label: str) -> int:
-    return sum(tree_bytes(d) for d in _staging_dirs(base, label))
 
 
 def _failed_recently(base: Path, key: str) -> Optional[str]:
@@ -359,14 +348,15 @@ def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Opt
     if relay_copy.PIN_VERSIONS:  # one HEAD per weight object: its version is part of the key
         for f, ident in zip(listing.weights, run_all(probe_identity, listing.weights, fs, prefix, uri, store)):
             f.identity = ident
-    key = key_for(listing, _store_key(store))
+    store_key = _store_key(store)
+    key = key_for(listing, store_key)
     final = base / key
     nbytes = listing.weight_bytes
     use_fd = _hold(base, key)
     if use_fd is None:
         return None
     try:
-        sweep(base, current=(listing.uri, _store_key(store), key))
+        sweep(base, current=(listing.uri, store_key, key))
         fetched = False
         if not complete(final, listing):
             room = memory.room(base)
@@ -382,14 +372,14 @@ def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Opt
                 return _give_up(use_fd, base)
             try:
                 if not complete(final, listing):
-                    sweep(base, current=(listing.uri, _store_key(store), key))  # what a fetcher that died left
+                    sweep(base, current=(listing.uri, store_key, key))  # what a fetcher that died left
                     failed = _failed_recently(base, key)
                     if failed is not None:
                         _stream_instead(f"the copy of {listing.uri} failed moments ago ({failed})")
                         return _give_up(use_fd, base)
                     shutil.rmtree(final, ignore_errors=True)  # a broken copy under this key
                     try:
-                        copy_weights(listing, fs, prefix, store, _store_key(store), base, key, final)
+                        copy_weights(listing, fs, prefix, store, store_key, base, key, final)
                     except CopyFailed as e:
                         _note_failure(base, key, str(e))
                         _stream_instead(str(e))
@@ -412,13 +402,15 @@ def _hold(base: Path, key: str) -> Optional[int]:
     """A shared lock on the key's ``.use`` file: a reader from here on, no one frees the copy.
     The directory may be removed by the last reader of another copy between our check and
     the lock (it removes it only when empty): made again then."""
-    for _ in range(5):
+    for attempt in range(5):
         try:
             return locks.flock_path(base / f".{key}.use", fcntl.LOCK_SH)
         except FileNotFoundError:
+            if attempt == 4:
+                raise
             if _open_base() is None:
                 return None
-    return locks.flock_path(base / f".{key}.use", fcntl.LOCK_SH)
+    return None
 
 
 def _give_up(use_fd: int, base: Path) -> None:

@@ -48,6 +48,12 @@ RETRY_PAUSE_S = 0.5
 RANGE_TRIES = 8
 #: Tests turn this off to show what a copy is without its version pin.
 PIN_VERSIONS = True
+RELAY_DIR = settings.RELAY_DIR
+
+
+def label_of(key: str) -> str:
+    """What names a copy's staging directory, for the readers that wait on it (16 hex digits)."""
+    return key[-16:]
 
 
 class CopyFailed(Exception):
@@ -78,16 +84,14 @@ def complete(path: Path, listing: Listing) -> bool:
 
 
 class _Progress:
-    """Bytes done, shared by the copy's threads; a range is retried while the copy moves."""
+    """When the copy last moved, shared by its threads: a range is retried while the copy moves."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.done = 0
         self.moved = time.monotonic()
 
-    def add(self, n: int) -> None:
+    def add(self) -> None:
         with self.lock:
-            self.done += n
             self.moved = time.monotonic()
 
     def stalled_for(self) -> float:
@@ -119,7 +123,7 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
     """Every weight object of *listing* into a staging directory, in ranges read in parallel,
     pinned to the listed versions; renamed to *final* once whole. Raises :class:`CopyFailed`
     (nothing left behind) for what the relay cannot help."""
-    staging = Staging(base, label=key[-16:])
+    staging = Staging(base, label=label_of(key))
     jobs: list[tuple[Any, int, int, int]] = []  # (source, fd, offset, length)
     sources: list[Any] = []
     outs: list[Any] = []
@@ -153,7 +157,7 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
             done = 0
             while done < length:
                 done += os.pwrite(fd, view[done:], off + done)
-            progress.add(length)
+            progress.add()
             return length
 
         with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="rrs-relay") as pool:
@@ -172,21 +176,16 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
         }
         with staging.create(PurePosixPath(MARKER), mode=0o600) as out:
             out.write(json.dumps(marker).encode())
-        for out in outs:
-            out.close()
-        outs.clear()
         staging.commit(final)
         return got
-    except ShimError as e:  # a store fault named by the fetch's words (e.g. the closing HEAD)
+    except BaseException as e:
         staging.discard()
-        raise CopyFailed(str(e)) from e
-    except OSError as e:
-        staging.discard()
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(e, ShimError):  # a store fault in the fetch's words (e.g. the closing HEAD)
+            raise CopyFailed(str(e)) from e
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise CopyFailed(full_message(base, listing.weight_bytes)) from e
-        raise CopyFailed(f"reading {listing.uri} failed: {redact_text(str(e).splitlines()[0][:300])}") from e
-    except BaseException:
-        staging.discard()
+        if isinstance(e, OSError):
+            raise CopyFailed(f"reading {listing.uri} failed: {redact_text(str(e).splitlines()[0][:300])}") from e
         raise
     finally:
         for out in outs:
@@ -206,5 +205,3 @@ def full_message(base: Path, nbytes: int) -> str:
             f"{human_bytes(nbytes)} needed; /dev/shm is shared with Ray's object store and NCCL): set "
             f"{RELAY_DIR} to a larger memory-backed directory")
 
-
-RELAY_DIR = settings.RELAY_DIR
