@@ -256,6 +256,8 @@ def test_what_ray_2_48_gets_wrapped():
         # #25/#29: the node relay swaps the weights URI after the config is built, released when loaded.
         f"{targets.VLLM_ASYNC_LLM}.AsyncLLM.__init__", f"{targets.VLLM_LLM_ENGINE}.LLMEngine.__init__",
         f"{stage}.vLLMEngineStage.__init__",  # Ray Data's engine count per node, for the relay
+        # #36: each rank reads the relay's copy as it lands.
+        f"{targets.VLLM_RUNAI_LOADER}.RunaiModelStreamerLoader._get_weights_iterator",
     } | {f"{m}.download_model_files" for m in TOKENIZER_MODULES_IF_PLANNED}
     # weights (vLLM < 0.14 route), vLLM's runtime_env, and the relay outermost
     assert runs[targets.VLLM_ARG_UTILS]["shim_first"]["state"]["EngineArgs.create_engine_config"] == 3

@@ -20,16 +20,19 @@ relay or stream; the memory budget, :mod:`.relay_budget`), :func:`engine_ready` 
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 import threading
 from typing import Any, Callable, Optional
 
+from .. import registry
 from ..failopen import NotApplicable, fail_open
 from ..log import logger
 from ..snapshot import relay as node_relay
 from ..snapshot.handoff import UNSIGNED
 from ..tables import settings
 from ..tables.support import is_remote_uri, join_anonymous, normalize_load_format
+from ..tables.targets import VLLM_RUNAI_LOADER
 from .relay_budget import (
     REQUEST_TIMEOUT,
     REQUEST_TIMEOUT_MS,
@@ -42,6 +45,9 @@ from .relay_budget import (
 from .relay_readers import engines_per_node, ranks_all_here, readers_on_node, relay_wanted, stage_engines
 
 RELAYED_FORMATS = ("runai_streamer",)
+READER_DOOR = "RunaiModelStreamerLoader._get_weights_iterator"
+#: Tests turn this off: every reader waits for the whole copy, as before the pipelined relay.
+PIPELINE = True
 
 _lock = threading.Lock()
 _held: list[node_relay.Relay] = []
@@ -107,19 +113,36 @@ def create_engine_config(original: Callable[..., Any], instance: Any, args: tupl
         logger.info("ray-runai-shim: not relaying %s: this engine's ranks are not all on this node", uri)
     else:
         unsigned = os.environ.get(UNSIGNED) == "1"  # the streamer's spelling of Ray's s3://anonymous@
-        got = node_relay.acquire(join_anonymous(uri) if unsigned else uri)
+        pipelined = ranks_read_as_it_lands()
+        got = node_relay.acquire(join_anonymous(uri) if unsigned else uri, pipelined=pipelined)
         if got is None:  # no copy (does not fit, unsafe directory, failed or stalled): acquire said why
             _decided(f"{readers} reader(s): no relay copy on this node (see its WARNING); stream {uri} from the store")
         else:
-            _decided(f"{readers} reader(s) on this node: {uri} relayed through {got.path}")
+            how = "its ranks read each range as it lands" if got.live else "the copy is whole"
+            _decided(f"{readers} reader(s) on this node: {uri} relayed through {got.path} ({how})")
             object.__setattr__(model_config, "model_weights", got.uri)
             with _lock:
                 _held.append(got)
             logger.info("ray-runai-shim: %d reader(s) on this node stream %s from the node relay %s",
                         readers, uri, got.path)
     if not user_memory_limit(instance):
-        budget_quietly(config, readers, str(got.path) if got is not None else uri)
+        budget_quietly(config, readers, str(got.path) if got is not None and not got.live else uri)
     return config
+
+
+def ranks_read_as_it_lands() -> bool:
+    """The ranks will read a copy in progress as it lands: they load the shim at interpreter
+    start (``RAY_RUNAI_SHIM_AUTOLOAD=1``, which vLLM's engine core and workers inherit, and the
+    job's env_vars give its Ray workers) and this vLLM's runai loader has the door the shim
+    wraps (:mod:`.relay_reader`). Otherwise the relay hands over only a whole copy: a rank
+    without the shim would find no files, never a half copy."""
+    if not PIPELINE or os.environ.get(settings.AUTOLOAD) != "1":
+        return False
+    try:
+        importlib.import_module(VLLM_RUNAI_LOADER)  # its post-import hook wraps the loader here too
+    except Exception:
+        return False
+    return f"{VLLM_RUNAI_LOADER}.{READER_DOOR}" in {name for _patch, name in registry.applied()}
 
 
 def release_all() -> None:

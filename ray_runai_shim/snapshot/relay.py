@@ -47,7 +47,7 @@ from typing import Any, Optional
 from ..log import human_bytes, logger
 from ..stores.endpoint import principal
 from ..tables import settings
-from . import locks, memory, relay_copy
+from . import locks, memory, relay_copy, relay_progress
 from .fetch import (
     FsAndPath,
     Listing,
@@ -57,7 +57,7 @@ from .fetch import (
     probe_identity,
     run_all,
 )
-from .relay_copy import CopyFailed, complete, copy_weights, label_of, read_marker
+from .relay_copy import CopyFailed, complete, copy_weights, label_of, live_name, read_marker
 from .staging import (
     LEGACY_STAGING,
     STAGING,
@@ -70,6 +70,8 @@ from .staging import (
 RELAY, RELAY_DIR, RELAY_KEEP = settings.RELAY, settings.RELAY_DIR, settings.RELAY_KEEP
 #: A copy that failed this recently is not tried again by the next waiter: it streams.
 FAILED_S = 60.0
+#: How long a sweep waits for one already running (a sweep takes milliseconds).
+SWEEP_WAIT_S = 10.0
 
 
 def mode() -> str:
@@ -110,9 +112,17 @@ class Relay:
     path: Path
     key: str
     nbytes: int
-    fetched: bool  # this process read the weights from the store
+    fetched: bool  # this process read (or reads) the weights from the store
     seconds: float
     _fd: Optional[int] = field(default=None, repr=False)
+    #: The copy is still being made: readers start on its verified ranges (:mod:`.relay_read`).
+    live: bool = False
+    _thread: Optional[threading.Thread] = field(default=None, repr=False)
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Until this process's part in the copy (fetching, or standing by to resume) is over."""
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     @property
     def uri(self) -> str:
@@ -167,8 +177,9 @@ def _remove_key(base: Path, name: str, use_fd: int) -> None:
 def sweep(base: Path, current: Optional[tuple[str, str, str]] = None) -> list[Path]:
     """Free what no live process holds: copies beyond ``RAY_RUNAI_SHIM_RELAY_KEEP`` (least
     recently used first), older versions of *current* ``(uri, store, key)``, half copies of dead
-    fetchers. Returns the copies freed. Never blocks: a sweep already running is left to it."""
-    guard = locks.flock_path(base / ".sweep", fcntl.LOCK_EX, deadline=time.monotonic())
+    fetchers. Returns the copies freed. One sweep at a time: one already running is waited for
+    (it is short), since it may have seen a copy still held that this caller has just let go."""
+    guard = locks.flock_path(base / ".sweep", fcntl.LOCK_EX, deadline=time.monotonic() + SWEEP_WAIT_S)
     if guard is None:
         return []
     freed: list[Path] = []
@@ -181,11 +192,14 @@ def sweep(base: Path, current: Optional[tuple[str, str, str]] = None) -> list[Pa
         for entry in entries:
             name = entry.name
             if name.startswith("."):
-                if (STAGING.match(name) or LEGACY_STAGING.match(name)) and not staging_owner_alive(name):
+                if name.endswith(".live") and entry.is_dir(follow_symlinks=False):
+                    _sweep_live(base, name)  # a copy in progress: kept while a reader or its fetcher lives
+                elif (STAGING.match(name) or LEGACY_STAGING.match(name)) and not staging_owner_alive(name):
                     shutil.rmtree(entry.path, ignore_errors=True)  # a fetcher that died mid-copy
                 elif name.endswith(".failed") and _age(entry) > FAILED_S:
                     _unlink(entry.path)
-                elif name.endswith((".use", ".fetch")) and not os.path.lexists(base / name[1:].rpartition(".")[0]):
+                elif (name.endswith((".use", ".fetch")) and not os.path.lexists(base / name[1:].rpartition(".")[0])
+                      and not os.path.lexists(base / live_name(name[1:].rpartition(".")[0]))):
                     _unlink_if_free(base / name)  # a lock of a copy that is gone, or was never made
                 continue
             if not entry.is_dir(follow_symlinks=False):
@@ -209,6 +223,25 @@ def sweep(base: Path, current: Optional[tuple[str, str, str]] = None) -> list[Pa
     finally:
         locks.close(guard)
     return freed
+
+
+def _sweep_live(base: Path, name: str) -> None:
+    """Remove the copy in progress *name* when no reader holds its key and no fetcher copies it
+    (a killed fetcher's copy is resumed only by a reader that still holds the key)."""
+    key = name[1:-len(".live")]
+    use = locks.flock_path(base / f".{key}.use", fcntl.LOCK_EX, deadline=time.monotonic())
+    if use is None:
+        return
+    try:
+        fetch = locks.flock_path(base / f".{key}.fetch", fcntl.LOCK_EX, deadline=time.monotonic())
+        if fetch is None:
+            return
+        try:
+            shutil.rmtree(base / name, ignore_errors=True)
+        finally:
+            locks.close(fetch)
+    finally:
+        locks.close(use)
 
 
 def _age(entry: os.DirEntry) -> float:
@@ -278,7 +311,7 @@ def _wait_for_fetch(base: Path, key: str, uri: str) -> Optional[int]:
         fd = locks.flock_path(path, fcntl.LOCK_EX, deadline=time.monotonic() + 0.5)
         if fd is not None:
             return fd
-        seen = _staging_activity(base, label_of(key))
+        seen = _staging_activity(base, key)
         now = time.monotonic()
         if seen > last_seen:
             last_seen, last_move = seen, now
@@ -290,17 +323,20 @@ def _wait_for_fetch(base: Path, key: str, uri: str) -> Optional[int]:
                         "(its last write %.0f s ago)", now - started, uri, now - last_move)
 
 
-def _staging_dirs(base: Path, label: str) -> list[Path]:
+def _copy_dirs(base: Path, key: str) -> list[Path]:
+    """Where a copy of *key* is being made: its live directory (and a staging dir of an older layout)."""
+    label = label_of(key)
     try:
-        return [Path(e.path) for e in os.scandir(base) if staging_label(e.name) == label]
+        return [Path(e.path) for e in os.scandir(base)
+                if e.name == live_name(key) or staging_label(e.name) == label]
     except OSError:
         return []
 
 
-def _staging_activity(base: Path, label: str) -> float:
-    """The latest write into a staging dir of *label* (file mtimes move with every write)."""
+def _staging_activity(base: Path, key: str) -> float:
+    """The latest write into the copy of *key* in progress (file mtimes move with every write)."""
     latest = 0.0
-    for d in _staging_dirs(base, label):
+    for d in _copy_dirs(base, key):
         for dirpath, _dirs, files in os.walk(d):
             for name in files:
                 try:
@@ -330,12 +366,17 @@ def _note_failure(base: Path, key: str, why: str) -> None:
         pass
 
 
-def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Optional[Listing] = None) -> Optional[Relay]:
-    """A complete node-local copy of *uri*'s weights, held for reading until :func:`release`.
+def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Optional[Listing] = None,
+            pipelined: bool = False) -> Optional[Relay]:
+    """A node-local copy of *uri*'s weights, held for reading until :func:`release`.
 
-    The first caller on the node copies; the others wait for it while it makes progress (a
-    crashed copier's lock is dropped by the kernel and the next caller takes over). None,
-    after one WARNING, whenever the relay cannot serve the copy (it does not fit, the
+    The first caller on the node copies. Without *pipelined* the others wait for the whole
+    copy while it makes progress, and the copy returned is complete. With *pipelined* every
+    caller returns at once with a ``live`` copy: the first copies in a thread of its own, the
+    others stand by to resume the copy should that process die, and the readers start on
+    each range as soon as it is on the node and verified (:mod:`.relay_read`). A crashed
+    copier's lock is dropped by the kernel; the next caller resumes from its verified ranges.
+    None, after one WARNING, whenever the relay cannot serve the copy (it does not fit, the
     directory is not safe, the copy failed or stalled): the caller streams from the store."""
     started = time.monotonic()
     fs, prefix, store = opened = open_store(uri, fs_and_path)
@@ -366,28 +407,33 @@ def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Opt
                     "instead (set %s to a larger directory, or %s=off)", listing.uri, human_bytes(nbytes), base,
                     room.describe(), RELAY_DIR, RELAY)
                 return _give_up(use_fd, base)
+            if pipelined:
+                relay = _start_or_join(base, key, listing, opened, store_key, final, use_fd, started)
+                return relay if relay is not None else _give_up(use_fd, base)
             fetch_fd = _wait_for_fetch(base, key, listing.uri)
             if fetch_fd is None:
                 _stream_instead(f"the copy of {listing.uri} made no progress for {relay_copy.STALL_S:.0f} s")
                 return _give_up(use_fd, base)
+            why = None
             try:
                 if not complete(final, listing):
                     sweep(base, current=(listing.uri, store_key, key))  # what a fetcher that died left
                     failed = _failed_recently(base, key)
                     if failed is not None:
-                        _stream_instead(f"the copy of {listing.uri} failed moments ago ({failed})")
-                        return _give_up(use_fd, base)
-                    shutil.rmtree(final, ignore_errors=True)  # a broken copy under this key
-                    try:
-                        copy_weights(listing, fs, prefix, store, store_key, base, key, final)
-                    except CopyFailed as e:
-                        _note_failure(base, key, str(e))
-                        _stream_instead(str(e))
-                        return _give_up(use_fd, base)
-                    fetched = True
+                        why = f"the copy of {listing.uri} failed moments ago ({failed})"
+                    else:
+                        shutil.rmtree(final, ignore_errors=True)  # a broken copy under this key
+                        try:
+                            copy_weights(listing, fs, prefix, store, store_key, base, key, final)
+                            fetched = True
+                        except CopyFailed as e:
+                            _note_failure(base, key, str(e))
+                            why = str(e)
             finally:
-                locks.close(fetch_fd)
-                _unlink_if_free(base / f".{key}.fetch")
+                _unlock_fetch(base, key, fetch_fd)  # before the sweep below: what the copy left goes with it
+            if why is not None:
+                _stream_instead(why)
+                return _give_up(use_fd, base)
         _touch(final)
         relay = Relay(final, key, nbytes, fetched, time.monotonic() - started, use_fd)
     except BaseException:
@@ -396,6 +442,99 @@ def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Opt
     logger.info("ray-runai-shim: node relay: %s %s of weights %s %s in %.2f s", "fetched" if fetched else "reused",
                 human_bytes(nbytes), "from" if fetched else "already read from", listing.uri, relay.seconds)
     return relay
+
+
+def _start_or_join(base: Path, key: str, listing: Listing, opened: tuple, store_key: str, final: Path,
+                   use_fd: int, started: float) -> Optional[Relay]:
+    """The pipelined relay: start the copy in a thread, or join the one another process makes
+    (standing by to resume it). None when the copy failed moments ago or nothing moves."""
+    last_move, last_seen = time.monotonic(), -1.0
+    while True:
+        if complete(final, listing):
+            return Relay(final, key, listing.weight_bytes, False, time.monotonic() - started, use_fd)
+        fetch_fd = locks.flock_path(base / f".{key}.fetch", fcntl.LOCK_EX, deadline=time.monotonic())
+        if fetch_fd is not None:
+            if complete(final, listing):
+                _unlock_fetch(base, key, fetch_fd)
+                continue
+            failed = _failed_recently(base, key)
+            if failed is not None:
+                _unlock_fetch(base, key, fetch_fd)
+                _stream_instead(f"the copy of {listing.uri} failed moments ago ({failed})")
+                return None
+            sweep(base, current=(listing.uri, store_key, key))  # keeps the copy in progress: we hold its key
+            shutil.rmtree(final, ignore_errors=True)  # a broken copy under this key
+            relay = Relay(final, key, listing.weight_bytes, True, time.monotonic() - started, use_fd, live=True)
+            _run(relay, _fetch, relay, base, key, listing, opened, store_key, fetch_fd)
+            logger.info("ray-runai-shim: node relay: copying %s of weights from %s into %s; readers on this node "
+                        "start on each range as it lands", human_bytes(listing.weight_bytes), listing.uri, final)
+            return relay
+        record = relay_progress.read_record_at(base / live_name(key))
+        if record is not None and record.get("state") == relay_progress.FAILED:
+            _stream_instead(f"the copy of {listing.uri} failed ({str(record.get('why'))[:300]})")
+            return None
+        if record is not None:
+            relay = Relay(final, key, listing.weight_bytes, False, time.monotonic() - started, use_fd, live=True)
+            _run(relay, _stand_by, relay, base, key, listing, opened, store_key)
+            logger.info("ray-runai-shim: node relay: another process on this node copies %s; reading each range "
+                        "as it lands", listing.uri)
+            return relay
+        seen = _staging_activity(base, key)
+        now = time.monotonic()
+        if seen > last_seen:
+            last_seen, last_move = seen, now
+        if now - last_move >= relay_copy.STALL_S:
+            _stream_instead(f"the copy of {listing.uri} made no progress for {relay_copy.STALL_S:.0f} s")
+            return None
+        time.sleep(0.05)
+
+
+def _run(relay: Relay, target: Any, *args: Any) -> None:
+    relay._thread = threading.Thread(target=target, args=args, name="rrs-relay-copy", daemon=True)
+    relay._thread.start()
+
+
+def _unlock_fetch(base: Path, key: str, fetch_fd: int) -> None:
+    locks.close(fetch_fd)
+    _unlink_if_free(base / f".{key}.fetch")
+
+
+def _fetch(relay: Relay, base: Path, key: str, listing: Listing, opened: tuple, store_key: str, fetch_fd: int) -> None:
+    """Make (or resume) the copy, holding the key's fetch lock; the readers follow its record."""
+    fs, prefix, store = opened
+    t0 = time.monotonic()
+    try:
+        copied = copy_weights(listing, fs, prefix, store, store_key, base, key, relay.path)
+        logger.info("ray-runai-shim: node relay: fetched %s of weights from %s in %.2f s", human_bytes(copied),
+                    listing.uri, time.monotonic() - t0)
+    except CopyFailed as e:
+        _note_failure(base, key, str(e))
+        _stream_instead(str(e))
+    except Exception:
+        _note_failure(base, key, "the copy stopped on a shim bug")
+        logger.warning("ray-runai-shim: node relay: the copy of %s stopped (a shim bug; please report it); the "
+                       "readers stream from the store", listing.uri, exc_info=True)
+    finally:
+        _unlock_fetch(base, key, fetch_fd)
+        if relay._fd is None:  # every reader here loaded before the copy ended: free it if no one holds it
+            sweep(base)
+            _tidy(base)
+
+
+def _stand_by(relay: Relay, base: Path, key: str, listing: Listing, opened: tuple, store_key: str) -> None:
+    """While this process holds the copy: should its fetcher die, resume the copy here."""
+    while relay._fd is not None:
+        fetch_fd = locks.flock_path(base / f".{key}.fetch", fcntl.LOCK_EX, deadline=time.monotonic() + 1.0)
+        if fetch_fd is None:
+            continue
+        record = relay_progress.read_record_at(base / live_name(key))
+        if complete(relay.path, listing) or record is None or record.get("state") != relay_progress.COPYING:
+            _unlock_fetch(base, key, fetch_fd)
+            return
+        logger.warning("ray-runai-shim: node relay: the process copying %s is gone; resuming its copy here",
+                       listing.uri)
+        _fetch(relay, base, key, listing, opened, store_key, fetch_fd)
+        return
 
 
 def _hold(base: Path, key: str) -> Optional[int]:

@@ -22,7 +22,7 @@ import json
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
@@ -30,7 +30,7 @@ from ..errors import ShimError
 from ..log import human_bytes, logger
 from ..redact import redact_text
 from ..tables import settings
-from . import memory
+from . import memory, relay_progress
 from .fetch import Listing, identity_of, metadata_of, probe_identity, run_all
 from .staging import Staging, read_json
 
@@ -48,6 +48,10 @@ RETRY_PAUSE_S = 0.5
 RANGE_TRIES = 8
 #: Tests turn this off to show what a copy is without its version pin.
 PIN_VERSIONS = True
+#: Tests turn this off to show what a killed fetcher costs without resuming its copy.
+RESUME = True
+#: How often written ranges are verified (one HEAD per object) and published to the readers.
+VERIFY_S = 0.2
 RELAY_DIR = settings.RELAY_DIR
 
 
@@ -118,74 +122,135 @@ def _changed(uri: str, key: str, was: Optional[str], now: Optional[str]) -> Copy
     return CopyFailed(f"{uri.rstrip('/')}/{key} changed while the node relay copied it ({was} became {now})")
 
 
+def live_name(key: str) -> str:
+    """The directory a copy of *key* is made in, readable (range by range) while it is made."""
+    return f".{key}.live"
+
+
+def _open_copy_dir(base: Path, key: str, uri: str, files: list[tuple[str, int]]) -> tuple[Staging, Optional[dict]]:
+    """The copy's directory, and the ranges a killed fetcher already verified there (None: start
+    afresh; what was there is removed)."""
+    staging = Staging(base, label=label_of(key), name=live_name(key))
+    if not staging.adopted:
+        return staging, None
+    record = relay_progress.read_record(staging.fd)
+    if RESUME and relay_progress.usable(record, files, uri):
+        return staging, record["done"]
+    staging.discard()  # a failed copy, or one of another layout: made again
+    return Staging(base, label=label_of(key), name=live_name(key)), None
+
+
+def _data_file(staging: Staging, key: str, size: int, resuming: bool) -> Any:
+    rel = PurePosixPath(key)
+    out = None
+    if resuming:
+        try:
+            out = staging.open_existing(rel)
+        except FileNotFoundError:
+            out = None
+    if out is None:
+        out = staging.create(rel, mode=0o600)
+    try:  # reserve the whole object now: a full directory fails here, before any GET
+        os.posix_fallocate(out.fileno(), 0, size)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            out.close()
+            raise
+        os.ftruncate(out.fileno(), size)
+    return out
+
+
 def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: str, base: Path, key: str,
                  final: Path) -> int:
-    """Every weight object of *listing* into a staging directory, in ranges read in parallel,
-    pinned to the listed versions; renamed to *final* once whole. Raises :class:`CopyFailed`
-    (nothing left behind) for what the relay cannot help."""
-    staging = Staging(base, label=label_of(key))
-    jobs: list[tuple[Any, int, int, int]] = []  # (source, fd, offset, length)
+    """Every weight object of *listing* into the copy's directory, in ranges read in parallel,
+    pinned to the listed versions, each range published for the readers once verified
+    (:mod:`.relay_progress`); renamed to *final* once whole. A copy a killed fetcher left is
+    resumed from its verified ranges. Raises :class:`CopyFailed` (the record says so to the
+    readers, the bytes are freed) for what the relay cannot help."""
+    files = [(f.key, f.size) for f in listing.weights]
+    staging, done = _open_copy_dir(base, key, listing.uri, files)
+    jobs: list[tuple[str, Any, int, int, int]] = []  # (object, source, fd, offset, length)
     sources: list[Any] = []
     outs: list[Any] = []
     progress = _Progress()
+    publisher = relay_progress.Publisher(staging, listing.uri, files, done)
     try:
+        publisher.publish()  # the record exists before the first GET: readers see what is to come
+        if done:
+            logger.info("ray-runai-shim: node relay: resuming the copy of %s: %s of %s already on this node",
+                        listing.uri, human_bytes(publisher.bytes_done), human_bytes(publisher.total))
         for f in listing.weights:
-            out = staging.create(PurePosixPath(f.key), mode=0o600)
-            outs.append(out)
-            try:  # reserve the whole object now: a full directory fails here, before any GET
-                os.posix_fallocate(out.fileno(), 0, f.size)
+            todo = relay_progress.missing(publisher.done[f.key], f.size, RANGE_BYTES)
+            try:
+                out = _data_file(staging, f.key, f.size, done is not None)
             except OSError as e:
                 if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
                     raise CopyFailed(full_message(base, listing.weight_bytes)) from e
-                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                    raise
-                os.ftruncate(out.fileno(), f.size)
+                raise
+            outs.append(out)
+            if not todo:
+                continue
             src = fs.open_input_file(f"{prefix}/{f.key}")  # random access: ranged GETs, bytes as stored
             sources.append(src)
             seen = identity_of(metadata_of(src))
             if src.size() != f.size or (PIN_VERSIONS and f.identity and seen and seen != f.identity):
                 raise _changed(listing.uri, f.key, f"{f.size} bytes, {f.identity}", f"{src.size()} bytes, {seen}")
-            jobs.extend((src, out.fileno(), off, min(RANGE_BYTES, f.size - off)) for off in range(0, f.size, RANGE_BYTES))
+            jobs.extend((f.key, src, out.fileno(), off, length) for off, length in todo)
 
-        def copy(job: tuple[Any, int, int, int]) -> int:
-            src, fd, off, length = job
+        def copy(job: tuple[str, Any, int, int, int]) -> int:
+            name, src, fd, off, length = job
             data = read_range(src, off, length, listing.uri, progress)
             if len(data) != length:
                 raise CopyFailed(f"short read from {listing.uri} ({len(data)} of {length} bytes at offset {off}): "
                                  "the object changed or the store cut the reply")
             view = memoryview(data)
-            done = 0
-            while done < length:
-                done += os.pwrite(fd, view[done:], off + done)
+            n = 0
+            while n < length:
+                n += os.pwrite(fd, view[n:], off + n)
             progress.add()
+            publisher.written(name, off, off + length)
             return length
 
         with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="rrs-relay") as pool:
-            got = sum(pool.map(copy, jobs))
-        if PIN_VERSIONS:  # the other end of the pin: each object still the version the copy began with
-            now = run_all(probe_identity, listing.weights, fs, prefix, listing.uri, store)
-            for f, seen in zip(listing.weights, now):
-                if f.identity and seen != f.identity:
-                    raise _changed(listing.uri, f.key, f.identity, seen)
+            pending = {pool.submit(copy, job) for job in jobs}
+            try:
+                while pending:
+                    finished, pending = wait(pending, timeout=VERIFY_S, return_when=FIRST_EXCEPTION)
+                    for fut in finished:
+                        fut.result()
+                    _verify(publisher, listing, fs, prefix, store, every=False)
+            except BaseException:
+                for fut in pending:
+                    fut.cancel()
+                raise
+        _verify(publisher, listing, fs, prefix, store, every=True)  # the pin's other end: all, after the last range
+        got = publisher.bytes_done
+        if got != listing.weight_bytes:
+            raise CopyFailed(f"the copy of {listing.uri} ended with {got} of {listing.weight_bytes} bytes verified")
         marker = {
             "uri": listing.uri, "store": store_key, "bytes": got, "key": key,
             "files": {f.key: {"size": f.size, "identity": f.identity} for f in listing.weights},
-            "verified": ("every object's size, and its identity when listed, when opened and after its last "
-                         "range" if PIN_VERSIONS else "sizes only"),
+            "verified": ("every object's size, and its identity when listed, when opened and after its ranges "
+                         "landed" if PIN_VERSIONS else "sizes only"),
+            "resumed_bytes": publisher.resumed,
             "made": time.time(),
         }
+        publisher.finish(relay_progress.DONE)
         with staging.create(PurePosixPath(MARKER), mode=0o600) as out:
             out.write(json.dumps(marker).encode())
         staging.commit(final)
-        return got
+        return got - publisher.resumed
     except BaseException as e:
-        staging.discard()
-        if isinstance(e, ShimError):  # a store fault in the fetch's words (e.g. the closing HEAD)
-            raise CopyFailed(str(e)) from e
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise CopyFailed(full_message(base, listing.weight_bytes)) from e
-        if isinstance(e, OSError):
-            raise CopyFailed(f"reading {listing.uri} failed: {redact_text(str(e).splitlines()[0][:300])}") from e
+        failure = _as_failure(e, base, listing)
+        publisher.finish(relay_progress.FAILED, str(failure or e))
+        for out in outs:  # the bytes go now (the readers stream); the record stays while they look
+            try:
+                os.ftruncate(out.fileno(), 0)
+            except OSError:
+                pass
+        staging.close()
+        if failure is not None:
+            raise failure from e
         raise
     finally:
         for out in outs:
@@ -198,6 +263,33 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
                 src.close()
             except OSError:
                 pass
+
+
+def _as_failure(e: BaseException, base: Path, listing: Listing) -> Optional[CopyFailed]:
+    if isinstance(e, CopyFailed):
+        return e
+    if isinstance(e, ShimError):  # a store fault in the fetch's words (e.g. a verifying HEAD)
+        return CopyFailed(str(e))
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return CopyFailed(full_message(base, listing.weight_bytes))
+    if isinstance(e, OSError):
+        return CopyFailed(f"reading {listing.uri} failed: {redact_text(str(e).splitlines()[0][:300])}")
+    return None
+
+
+def _verify(publisher: relay_progress.Publisher, listing: Listing, fs: Any, prefix: str, store: Any,
+            every: bool) -> None:
+    """Publish the ranges written so far once their objects' identities, read now, are still the
+    pinned ones (*every*: read every object's, the copy's last check). CopyFailed on a change."""
+    written = publisher.take_written()
+    if not written and not every:
+        return
+    if PIN_VERSIONS:
+        check = [f for f in listing.weights if every or f.key in written]
+        for f, seen in zip(check, run_all(probe_identity, check, fs, prefix, listing.uri, store)):
+            if f.identity and seen != f.identity:
+                raise _changed(listing.uri, f.key, f.identity, seen)
+    publisher.verified(written)
 
 
 def full_message(base: Path, nbytes: int) -> str:

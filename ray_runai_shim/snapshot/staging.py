@@ -135,11 +135,19 @@ class Staging:
     Every directory is opened with ``O_NOFOLLOW`` relative to its parent's fd and every
     file created with ``O_CREAT|O_EXCL|O_NOFOLLOW``, so no write lands outside it."""
 
-    def __init__(self, base: Path, label: str = "") -> None:
-        """*label* (16 hex digits) names what is being assembled, for those who wait on it."""
+    def __init__(self, base: Path, label: str = "", name: str = "") -> None:
+        """*label* (16 hex digits) names what is being assembled, for those who wait on it.
+        *name*: a fixed name instead of the owner's, adopted when it exists (the node relay's
+        copy in progress, which the next fetcher resumes where a killed one stopped)."""
         tag = f"{label}-" if label else ""
-        self.path = base / f".staging-{owner_token()}-{tag}{uuid.uuid4().hex[:8]}"
-        os.mkdir(self.path, 0o700)
+        self.path = base / (name or f".staging-{owner_token()}-{tag}{uuid.uuid4().hex[:8]}")
+        self.adopted = False
+        try:
+            os.mkdir(self.path, 0o700)
+        except FileExistsError:
+            if not name:
+                raise
+            self.adopted = True  # opened below with O_NOFOLLOW: never a planted symlink
         self._dirs: dict[PurePosixPath, int] = {}
         self._guard = threading.Lock()
         self._dirs[PurePosixPath(".")] = os.open(self.path, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC)
@@ -172,6 +180,33 @@ class Staging:
             rel.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, mode, dir_fd=parent
         )
         return os.fdopen(fd, "wb")
+
+    @property
+    def fd(self) -> int:
+        """The directory's own fd (it follows the directory through :meth:`commit`'s rename)."""
+        return self._dirs[PurePosixPath(".")]
+
+    def open_existing(self, rel: PurePosixPath) -> Any:
+        """An existing regular file at *rel* for writing in place (resuming), never through a
+        symlink; FileNotFoundError when it is not there."""
+        fd = os.open(rel.name, os.O_WRONLY | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=self._dir_fd(rel.parent))
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise FileNotFoundError(f"{rel} is not a regular file")
+        return os.fdopen(fd, "wb")
+
+    def write_atomic(self, rel: PurePosixPath, data: bytes) -> None:
+        """*data* as *rel*, replacing it whole (a reader sees the old or the new, never half)."""
+        parent = self._dir_fd(rel.parent)
+        tmp = f".{rel.name}.{os.getpid()}-{threading.get_ident()}.tmp"
+        try:
+            os.unlink(tmp, dir_fd=parent)
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o600, dir_fd=parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.rename(tmp, rel.name, src_dir_fd=parent, dst_dir_fd=parent)
 
     def commit(self, vdir: Path) -> None:
         """Make the staging dir readable and rename it to *vdir* (atomic)."""

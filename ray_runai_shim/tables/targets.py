@@ -56,6 +56,7 @@ VLLM_WORKER_BASE = "vllm.v1.worker.worker_base"  # WorkerWrapperBase once V0 is 
 VLLM_V0_WORKER_BASE = "vllm.worker.worker_base"  # ... and before (0.10.2 read)
 VLLM_ASYNC_LLM = "vllm.v1.engine.async_llm"  # AsyncLLM (= AsyncLLMEngine): returns once every rank loaded
 VLLM_LLM_ENGINE = "vllm.v1.engine.llm_engine"  # LLMEngine (vllm.LLM), likewise
+VLLM_RUNAI_LOADER = "vllm.model_executor.model_loader.runai_streamer_loader"  # each rank's weights iterator
 SERVE_BUILD_APP = "ray.serve._private.build_app"  # run by the controller's config-deploy build task
 
 WRAP = "wrap"  # replace module.attr by a wrapt FunctionWrapper
@@ -134,6 +135,9 @@ TARGETS: tuple[Target, ...] = (
            if_has="AsyncLLM"),
     Target(RELAY, VLLM_LLM_ENGINE, "LLMEngine.__init__", "ray_runai_shim.integrations.relay:engine_ready",
            if_has="LLMEngine"),
+    # each rank reads the relay's copy as it lands (the engine's process pipelines only where this applies)
+    Target(RELAY, VLLM_RUNAI_LOADER, "RunaiModelStreamerLoader._get_weights_iterator",
+           "ray_runai_shim.integrations.relay_reader:weights_iterator", if_has="RunaiModelStreamerLoader"),
     # vLLM's workers on other nodes (TP/PP across nodes) are told a model dir that exists only on the
     # node that built the config (vllm#50616): fetch the non-weight files there, in the worker.
     Target(PEER_FILES, VLLM_WORKER_BASE, "WorkerWrapperBase.init_worker", "ray_runai_shim.integrations.peer_files:init_worker",

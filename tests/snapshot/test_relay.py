@@ -119,7 +119,7 @@ def test_the_copy_is_exact_private_and_complete(s3, big, relay_dir, monkeypatch)
             assert (got.path / name).read_bytes() == (big["local"] / name).read_bytes()
         assert not (got.path / "config.json").exists()  # weights only: the non-weight files are the cache's
         assert oct(relay.root().stat().st_mode & 0o777) == "0o700"
-        assert [p.name for p in relay.root().iterdir() if ".staging-" in p.name] == []
+        assert [p.name for p in relay.root().iterdir() if ".staging-" in p.name or p.name.endswith(".live")] == []
         marker = json.loads((got.path / relay_copy.MARKER).read_text())
         assert marker["bytes"] == big["bytes"] and "testing" not in json.dumps(marker)
         again = relay.acquire(big["uri"], fs_for(s3.endpoint))  # a second reader in this process
@@ -163,22 +163,36 @@ def test_kept_copy_is_reused_without_store_reads_and_never_stale(s3, big, relay_
         relay.release(v2)
 
 
-def test_a_killed_fetcher_is_taken_over(s3, big, relay_dir):
+@pytest.mark.parametrize("resume", [True, False], ids=["resumed", "control-restarted"])
+def test_a_killed_fetcher_is_taken_over_and_its_copy_resumed(s3, big, relay_dir, resume):
+    """SIGKILL mid-copy: the next reader takes the copy over from the ranges the killed one
+    had verified, so the node reads the store about once (<= 1.3 x S); the control, without
+    resuming, starts again and reads what was already here a second time."""
+    from ray_runai_shim.snapshot import relay_progress
+
     with CountingProxy(s3.port, rate=2 * MIB) as link:  # 12 MiB at 2 MiB/s: ~6 s to fetch
-        victim = start_reader(s3, link.endpoint, big, relay_dir, range=MIB)
+        victim = start_reader(s3, link.endpoint, big, relay_dir, range=MIB // 4)
         deadline = time.monotonic() + 60
-        while not any(".staging-" in p.name for p in relay_dir.rglob("*")):
+        lives = []
+        while True:
             assert time.monotonic() < deadline and victim.poll() is None, victim.communicate()
+            lives = [p for p in relay_dir.rglob("*.live") if p.is_dir()]
+            record = relay_progress.read_record_at(lives[0]) if lives else None
+            if record and record["bytes"] >= 0.45 * big["bytes"]:
+                break
             time.sleep(0.05)
-        time.sleep(1.0)
         victim.kill()  # SIGKILL mid-fetch: its flock goes with it
         victim.communicate()
-        staging = [p for p in relay_dir.rglob("*") if ".staging-" in p.name]
-        assert staging  # the half copy is there, never served
+        assert not any(p.name.endswith(".json") for p in relay_dir.rglob(relay_copy.MARKER))  # never served
         link.bucket.rate = None
-        result = finish(start_reader(s3, link.endpoint, big, relay_dir))  # same node, same store
+        result = finish(start_reader(s3, link.endpoint, big, relay_dir, resume=resume))  # same node, same store
+        weights = link.body_bytes(".safetensors")
     assert result["fetched"] and result["tensors"] == big["tensors"]
-    assert shim_files(relay_dir) == []  # the half copy was cleaned, the full one freed
+    if resume:
+        assert weights <= 1.3 * big["bytes"], weights / big["bytes"]
+    else:
+        assert weights > 1.4 * big["bytes"], weights / big["bytes"]
+    assert shim_files(relay_dir) == []  # the half copy was resumed or cleaned, the full one freed
 
 
 def test_a_copy_that_does_not_fit_is_not_made(s3, big, relay_dir, monkeypatch, caplog):

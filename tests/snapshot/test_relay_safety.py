@@ -198,7 +198,7 @@ def test_an_object_overwritten_mid_copy_is_never_served(s3, relay_dir, monkeypat
 
             def overwrite():
                 deadline = time.monotonic() + 30
-                while not (base.is_dir() and any(".staging-" in p.name for p in base.iterdir())):
+                while not (base.is_dir() and any(p.name.endswith(".live") for p in base.iterdir())):
                     assert time.monotonic() < deadline
                     time.sleep(0.02)
                 time.sleep(0.5)
@@ -237,7 +237,7 @@ def test_the_key_holds_each_objects_identity_and_the_reading_account(s3, two_mod
         marker = json.loads((first.path / relay_copy.MARKER).read_text())
         etags = {s3.client().head_object(Bucket=BUCKET, Key=a["prefix"] + "/" + k)["ETag"] for k in a["blobs"]}
         assert {f["identity"] for f in marker["files"].values()} == {f"etag:{e}" for e in etags}
-        assert "identity when listed, when opened and after its last range" in marker["verified"]
+        assert "identity when listed, when opened and after its ranges landed" in marker["verified"]
         # Another tenant on the same node and uid, reading the same bucket as another account.
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", "another-tenant")
         other = relay.acquire(a["uri"], fs)

@@ -4,7 +4,8 @@
 proxy in front of it), ``mode``: ``relay`` (the node relay, then the real streamer on the
 local copy) or ``stream`` (the real streamer straight from the store, as without the relay);
 ``range`` (relay range bytes), ``hold`` (seconds to keep the copy before release),
-``release`` (default true), ``tries`` (tries per range), ``budget`` (the readers on the node: set the streamer's memory
+``release`` (default true), ``pipelined`` (read a copy in progress as it lands, as the vLLM
+ranks do), ``trace`` (a file that gets ``<seconds> <name>`` per tensor as it arrives), ``resume``, ``tries`` (tries per range), ``budget`` (the readers on the node: set the streamer's memory
 budget as the engine's process does, after the relay's copy is in place). Prints one JSON line: per-tensor sha256, where the weights came
 from, whether this process fetched, timings.
 """
@@ -22,6 +23,15 @@ from typing import Any
 CHILD = Path(__file__).resolve()
 
 
+TRACE = {"path": None, "t0": 0.0}
+
+
+def _trace(name: str) -> None:
+    if TRACE["path"]:
+        with open(TRACE["path"], "a") as f:
+            f.write(f"{time.monotonic() - TRACE['t0']:.3f} {name}\n")
+
+
 def stream_tensors(paths: list[str]) -> dict[str, str]:
     import torch
     from runai_model_streamer import SafetensorsStreamer
@@ -32,11 +42,25 @@ def stream_tensors(paths: list[str]) -> dict[str, str]:
         for name, tensor in streamer.get_tensors():
             # the buffer itself, not a copy of it: a reader's memory is what the tests measure
             out[name] = hashlib.sha256(tensor.contiguous().view(-1).view(dtype=torch.uint8).numpy().data).hexdigest()
+            _trace(name)
+    return out
+
+
+def live_tensors(tensors: Any, t0: float, result: dict[str, Any]) -> dict[str, str]:
+    """Per-tensor sha256 of a copy in progress, read as it lands (vLLM's rank: relay_reader)."""
+    import torch
+
+    out = {}
+    for name, tensor in tensors:
+        if not out:
+            result["first_tensor_s"] = time.monotonic() - t0
+        out[name] = hashlib.sha256(tensor.contiguous().view(-1).view(dtype=torch.uint8).numpy().data).hexdigest()
+        _trace(name)
     return out
 
 
 def main(args: dict[str, Any]) -> dict[str, Any]:
-    from ray_runai_shim.snapshot import relay, relay_copy
+    from ray_runai_shim.snapshot import relay, relay_copy, relay_read
     from ray_runai_shim.stores.endpoint import endpoint_s3_filesystem
 
     def fs_and_path(uri: str):
@@ -46,15 +70,18 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
         relay_copy.RANGE_BYTES = int(args["range"])
     if args.get("tries"):
         relay_copy.RANGE_TRIES = int(args["tries"])
+    if "resume" in args:
+        relay_copy.RESUME = bool(args["resume"])
     t0 = time.monotonic()
+    TRACE.update(path=args.get("trace"), t0=t0)
     result: dict[str, Any] = {"pid": os.getpid()}
     if args["mode"] == "relay":
-        got = relay.acquire(args["uri"], fs_and_path)
+        got = relay.acquire(args["uri"], fs_and_path, pipelined=bool(args.get("pipelined")))
         if got is None:
             result["relay"] = None
             paths = [f"{args['uri']}/{k}" for k in args["weights"]]
         else:
-            result.update(relay=str(got.path), fetched=got.fetched)
+            result.update(relay=str(got.path), fetched=got.fetched, live=got.live)
             paths = [str(got.path / k) for k in args["weights"]]
         if args.get("budget"):
             from ray_runai_shim.integrations.relay_budget import (
@@ -67,8 +94,26 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
             os.environ.setdefault(REQUEST_TIMEOUT, REQUEST_TIMEOUT_MS)  # as the engine's process sets it first
             set_budget(int(args["budget"]), str(got.path) if got is not None else args["uri"], fs_and_path)
             result["memory_limit"] = os.environ.get(MEMORY_LIMIT)
-        result["tensors"] = stream_tensors(paths)
+        live = relay_read.open_live(got.path) if got is not None and got.live else None
+        if live is not None:  # what the vLLM rank does with a copy in progress (integrations/relay_reader.py)
+            from ray_runai_shim.integrations.relay_reader import as_it_lands
+
+            def streamer_iterator(path: str, *_rest: Any) -> Any:  # vLLM's own: the streamer on *path*'s files
+                from runai_model_streamer import SafetensorsStreamer
+
+                with SafetensorsStreamer() as streamer:
+                    streamer.stream_files([f"{path}/{k}" for k in args["weights"]])
+                    for name, tensor in streamer.get_tensors():
+                        yield name, tensor.clone()
+
+            result["tensors"] = live_tensors(as_it_lands(live, streamer_iterator, (str(got.path), None), {}), t0,
+                                             result)
+        else:
+            result["tensors"] = stream_tensors(paths)
+            result.setdefault("first_tensor_s", None)
         result["ready_s"] = time.monotonic() - t0
+        if got is not None:
+            got.wait()  # the fetcher's copy thread ends with the copy, as in an engine's process
         time.sleep(float(args.get("hold", 0)))
         if got is not None and args.get("release", True):
             result["freed"] = relay.release(got)

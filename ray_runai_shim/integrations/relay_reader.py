@@ -1,0 +1,69 @@
+"""vLLM's runai loader, in each rank: start on the relay copy's bytes already on the node.
+
+The engine's process hands vLLM the node relay's copy as ``model_weights``
+(:mod:`.relay`). While that copy is still being made, each rank reads every tensor as soon
+as its bytes are on the node and verified (:mod:`..snapshot.relay_read`), instead of waiting
+for the whole copy: a node is ready after about max(copy, load), not copy + load. Wrapped:
+``RunaiModelStreamerLoader._get_weights_iterator`` (the loader's one door to the weights; vLLM
+copies each tensor into its parameter whatever the order). A complete copy is left to vLLM,
+which streams its files with the user's ``runai_streamer`` format as before. Should the copy
+fail or stall, the rank streams the whole checkpoint from the store with vLLM's own iterator
+(every tensor again: whatever it had read is overwritten by one version), after one WARNING.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable
+
+from ..failopen import NotApplicable, fail_open
+from ..log import logger
+from ..snapshot import relay as node_relay
+from ..snapshot import relay_read
+
+
+def relay_copy_path(path: Any) -> bool:
+    """Whether *path* names a copy in this user's node relay directory."""
+    if not isinstance(path, str) or not os.path.isabs(path):
+        return False
+    return Path(path).parent == node_relay.root()
+
+
+@fail_open("reading the node relay's copy as it lands", fallback="vLLM reads the copy's files")
+def weights_iterator(original: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    path = args[0] if args else kwargs.get("model_or_path")
+    if not relay_copy_path(path):
+        raise NotApplicable("not a node relay copy")
+    live = relay_read.open_live(Path(path))
+    if live is None:
+        raise NotApplicable("the copy is complete: vLLM streams its files")
+    logger.info("ray-runai-shim: node relay: this rank reads %s as its copy lands", live.uri)
+    return as_it_lands(live, original, args, kwargs)
+
+
+def as_it_lands(live: relay_read.LiveCopy, original: Callable[..., Any], args: tuple,
+                kwargs: dict) -> Iterator[tuple[str, Any]]:
+    """Every tensor of *live* as it lands; should the copy fail or stall, every tensor from the
+    store with vLLM's own iterator (*original*, called with the source URI for the path)."""
+    try:
+        yield from live.tensors()
+        return
+    except relay_read.Unavailable as e:
+        why, uri = e.why, e.uri or live.uri
+    except Exception as e:  # a shim bug mid-load: the weights still come, from the store
+        logger.warning("ray-runai-shim: node relay: reading the copy failed (a shim bug; please report it)",
+                       exc_info=True)
+        why, uri = f"{type(e).__name__}", live.uri
+    if not uri:
+        raise relay_read.Unavailable(f"the node relay's copy {live.final} cannot be read ({why}) and names no "
+                                     "source to stream instead")
+    logger.warning("ray-runai-shim: node relay: %s; this rank streams %s from the store instead (every tensor, "
+                   "so the model is of one version)", why, uri)
+    rest = dict(kwargs)
+    if args:
+        yield from original(uri, *args[1:], **rest)
+    else:
+        rest["model_or_path"] = uri
+        yield from original(**rest)
