@@ -55,8 +55,8 @@ def write_shard(path: Path, tensors: list[tuple[str, int]], noise: bytes) -> int
     return path.stat().st_size
 
 
-def build_model(out: Path, weight_bytes: int, noise: bytes) -> dict[str, Any]:
-    """A Llama-shaped prefix: small config/tokenizer files plus ceil(size/1 GiB) shards."""
+def build_model(out: Path, weight_bytes: int, noise: bytes, shard_max_bytes: int = SHARD_MAX_BYTES) -> dict[str, Any]:
+    """A Llama-shaped prefix: small config/tokenizer files plus ceil(size / shard_max_bytes) shards."""
     out.mkdir(parents=True, exist_ok=True)
     small = {
         "config.json": {
@@ -82,7 +82,7 @@ def build_model(out: Path, weight_bytes: int, noise: bytes) -> dict[str, Any]:
     )
     row_bytes = TENSOR_COLS * 2
     total_rows = max(1, weight_bytes // row_bytes)
-    n_shards = max(1, math.ceil(total_rows * row_bytes / SHARD_MAX_BYTES))
+    n_shards = max(1, math.ceil(total_rows * row_bytes / shard_max_bytes))
     rows_per_shard = math.ceil(total_rows / n_shards)
     weight_map: dict[str, str] = {}
     shards: list[Path] = []

@@ -5,8 +5,11 @@ load the same weights. This measures, side by side, for N = 1, 2, 4 readers on t
 
 * ``stream``:   every reader streams the whole checkpoint from the store itself (the shim
   before the relay; upstream Ray >= 2.51 streams the same way): the node reads N x S.
-* ``relay``:    the node relay (``RAY_RUNAI_SHIM_RELAY=on``): the first reader fetches the
-  weights once into ``/dev/shm`` (``relay.acquire``), every reader streams the local copy.
+* ``relay``:    the node relay (``RAY_RUNAI_SHIM_RELAY=on``), as the shim runs it: the first
+  reader fetches the weights once into ``/dev/shm`` (``relay.acquire``) and every reader (the
+  fetcher too) reads each tensor as soon as its bytes are verified there (#36).
+* ``relay-wait``: the relay before #36, for comparison: every reader waits for the whole copy,
+  then streams the local files.
 * ``auto``:     N = 1 only: the shim's default mode decides (``relay_wanted``): one reader
   keeps streaming from the store, so ``auto/stream`` must stay at 1.
 * ``ray-copy``: Ray alone's pattern (2.48's ``CloudFileSystem.download_files``): the first
@@ -23,6 +26,7 @@ the store sent (x S), peak node memory (MemAvailable), bytes written to disk.
     ./dev bench nodes                                   # 1 GiB, N = 1,2,4, links 40 MB/s and unlimited
     ./dev bench nodes --size-gib 0.05 --ns 1,2          # a quick look
     ./dev bench nodes --docs docs/benchmarks.md         # also rewrite the bench-nodes block there
+    ./dev bench nodes --layouts 1,8                     # one file and 8 shards (the default)
 """
 
 from __future__ import annotations
@@ -58,12 +62,14 @@ BEGIN = "<!-- bench-nodes:begin -->"
 END = "<!-- bench-nodes:end -->"
 #: The docs page that holds the block (``--docs docs/`` means this file in that folder).
 PAGE = "benchmarks.md"
-METHODS = ("stream", "auto", "relay", "relay-budget", "ray-copy")
+METHODS = ("stream", "auto", "relay", "relay-wait", "relay-budget", "ray-copy")
 LABELS = {
     "stream": "every reader streams from the store",
     "auto": "shim default (`auto`): relays only at >= 2 readers, so N = 1 streams",
-    "relay": "node relay (`RAY_RUNAI_SHIM_RELAY=on`): one fetch into /dev/shm, readers stream it with the "
-             "shim's memory rule (a 256 MiB buffer each for the local copy, docs/node-relay.md)",
+    "relay": "node relay (`RAY_RUNAI_SHIM_RELAY=on`), as the shim runs it: one fetch into /dev/shm, and every "
+             "reader (the fetcher too) reads each tensor as soon as its bytes are verified there",
+    "relay-wait": "the node relay before #36: one fetch into /dev/shm, every reader waits for the whole copy, "
+                  "then streams it with the shim's memory rule (a 256 MiB buffer each, docs/node-relay.md)",
     "relay-budget": "the node relay with a tighter streamer memory budget (`RUNAI_STREAMER_MEMORY_LIMIT` = "
                     "`--budget-mib` per reader, as the shim sets it on a node short of memory): what the budget costs",
     "ray-copy": "Ray alone: one reader copies every object to disk under a file lock, all stream the copy",
@@ -74,15 +80,23 @@ READERS_NOTE = (
     "checkpoint in every rank), so N = 2 is one engine at `tensor_parallel_size=2` or two engines, and N = 4 "
     "two engines at TP=2. Native Ray 2.52-2.60 hands vLLM the URI and every reader streams: the `stream` rows.")
 DEFAULT_BUDGET_MIB = 128  # the bench model's tensors are 64 MiB
-#: The issue's goals (#25/#29): (numerator, denominator, N, kind, bound, limited link only).
-#: kind "max": ratio <= bound; "near": |ratio - 1| <= bound.
+#: The issues' goals: (numerator, its N, denominator, its N, kind, bound, link). kind "max":
+#: ratio <= bound; "near": |ratio - 1| <= bound. link: "limited", "unlimited" or "any".
+#: #25/#29: the relay against Ray's copy and against every reader streaming, at the same N;
+#: #36: the relay against ONE reader streaming (the physical limit is max(copy, one load)).
 GOALS = (
-    ("relay", "ray-copy", 2, "max", 0.9, True),
-    ("relay", "ray-copy", 4, "max", 0.9, True),
-    ("relay", "stream", 2, "max", 0.55, True),
-    ("relay", "stream", 4, "max", 0.3, True),
-    ("auto", "stream", 1, "near", 0.03, False),
+    ("relay", 2, "ray-copy", 2, "max", 0.9, "limited"),
+    ("relay", 4, "ray-copy", 4, "max", 0.9, "limited"),
+    ("relay", 2, "stream", 2, "max", 0.55, "limited"),
+    ("relay", 4, "stream", 4, "max", 0.3, "limited"),
+    ("relay", 2, "stream", 1, "max", 1.05, "limited"),
+    ("relay", 4, "stream", 1, "max", 1.05, "limited"),
+    ("relay", 2, "stream", 1, "max", 1.2, "unlimited"),
+    ("relay", 4, "stream", 1, "max", 1.5, "unlimited"),
+    ("auto", 1, "stream", 1, "near", 0.03, "any"),
 )
+#: #36: a follower's first tensor, as a share of the copy's duration, from the follower's start.
+FIRST_TENSOR_GOAL = 0.10
 REQUEST_TIMEOUT_ENV = "RUNAI_STREAMER_S3_REQUEST_TIMEOUT_MS"
 ARM_TIMEOUT_S = 300.0  # every reader has imported torch, the streamer and the shim
 SAMPLE_S = 0.2
@@ -154,19 +168,31 @@ def goal_text(kind: str, bound: float) -> str:
 
 
 def ratios(rows: list[dict[str, Any]], rate: float) -> list[dict[str, Any]]:
-    """The issue's wall-time ratios on one link, each with its goal and whether it is met
-    (None: a side is missing or failed, or the goal is for a limited link and this one is not)."""
+    """The issues' wall-time ratios on one link (rows of one model), each with its goal and
+    whether it is met (None: a side is missing or failed, or the goal is for another kind of
+    link: then it is listed only where it applies to no link of this run's kind either), then
+    the followers' first tensor as a share of the copy's duration (#36)."""
     out = []
-    for num, den, n, kind, bound, limited_only in GOALS:
-        value = ratio(_wall(rows, rate, n, num), _wall(rows, rate, n, den))
-        applies = bool(rate) or not limited_only
+    for num, n, den, den_n, kind, bound, link in GOALS:
+        applies = link == "any" or (link == "limited") == bool(rate)
+        if link == "unlimited" and not applies:
+            continue  # judged on the unlimited link only: its own line there
+        value = ratio(_wall(rows, rate, n, num), _wall(rows, rate, den_n, den))
         met: Optional[bool] = None
         if value is not None and applies:
             met = value <= bound if kind == "max" else abs(value - 1.0) <= bound
         if value is None and not any(r["rate_mbps"] == rate and r["n"] == n for r in rows):
             continue  # this N was not run at all
-        out.append({"name": f"{num}/{den}", "n": n, "value": value, "goal": goal_text(kind, bound),
-                     "applies": applies, "met": met})
+        name = f"{num}/{den}" if den_n == n else f"{num}/{den} (N={den_n})"
+        out.append({"name": name, "n": n, "value": value, "goal": goal_text(kind, bound),
+                    "applies": applies, "met": met})
+    for r in rows:
+        if r["rate_mbps"] != rate or r["method"] != "relay" or r["n"] < 2 or "error" in r:
+            continue
+        value = ratio(r.get("follower_first_s"), r.get("copy_s"))
+        out.append({"name": "follower's first tensor / copy", "n": r["n"], "value": value,
+                    "goal": goal_text("max", FIRST_TENSOR_GOAL), "applies": True,
+                    "met": None if value is None else value <= FIRST_TENSOR_GOAL})
     return out
 
 
@@ -181,24 +207,29 @@ def method_cell(r: dict[str, Any]) -> str:
     return r["method"]
 
 
+def _secs(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
 def row_cells(r: dict[str, Any]) -> list[str]:
-    """One table row: N, method, wall, store bytes x S, peak node memory, the readers' own share, disk."""
+    """One table row: N, method, wall, a follower's first tensor, store bytes x S, peak node
+    memory, the readers' own share, disk."""
     if "error" in r:
         msg = r["error"].strip().splitlines()[0] if r["error"].strip() else "failed"
         msg = msg[:120].replace("|", "\\|")  # a table cell
-        return [str(r["n"]), r["method"], f"failed: {msg}", "-", "-", "-", "-"]
+        return [str(r["n"]), r["method"], f"failed: {msg}", "-", "-", "-", "-", "-"]
     disk = _mib(r["disk_bytes"]) if r["method"] == "ray-copy" else "0"
-    return [str(r["n"]), method_cell(r), f"{r['wall_s']:.2f} s", f"{r['store_x']:.2f} x S",
-            _mib(r["peak_mem_bytes"]), _mib(r.get("own_mem_bytes")), disk]
+    return [str(r["n"]), method_cell(r), f"{r['wall_s']:.2f} s", _secs(r.get("follower_first_s")),
+            f"{r['store_x']:.2f} x S", _mib(r["peak_mem_bytes"]), _mib(r.get("own_mem_bytes")), disk]
 
 
-def table_for(rows: list[dict[str, Any]], rate: float) -> str:
-    """Markdown: the measurements on one link, then the goal ratios."""
+def table_for(rows: list[dict[str, Any]], rate: float, model: str = "") -> str:
+    """Markdown: the measurements on one link (of one model), then the goal ratios."""
     mine = [r for r in rows if r["rate_mbps"] == rate]
-    lines = [f"Link to the store: **{rate_label(rate)}**", "",
-             "| N | method | wall (all N ready) | store weight bytes | peak node memory | readers' RSS + relay copy "
-             "| written to disk |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"{model}Link to the store: **{rate_label(rate)}**", "",
+             "| N | method | wall (all N ready) | a follower's first tensor | store weight bytes | peak node memory "
+             "| readers' RSS + relay copy | written to disk |",
+             "|---|---|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join(row_cells(r)) + " |" for r in mine]
     rat = ratios(rows, rate)
     if rat:
@@ -211,11 +242,18 @@ def table_for(rows: list[dict[str, Any]], rate: float) -> str:
     return "\n".join(lines)
 
 
+def layout_label(shards: Optional[int]) -> str:
+    return "" if shards is None else ("One file. " if shards == 1 else f"{shards} shards. ")
+
+
 def tables(data: dict[str, Any]) -> str:
-    """Every link's table, in the order run, and the legend."""
+    """Every model's and link's table, in the order run, and the legend."""
     rows = data["runs"]
-    rates = list(dict.fromkeys(r["rate_mbps"] for r in rows))
-    parts = [table_for(rows, rate) for rate in rates]
+    parts = []
+    for shards in dict.fromkeys(r.get("shards") for r in rows):
+        mine = [r for r in rows if r.get("shards") == shards]
+        for rate in dict.fromkeys(r["rate_mbps"] for r in mine):
+            parts.append(table_for(mine, rate, layout_label(shards)))
     methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
     labels = dict(LABELS, **{"relay-budget": LABELS["relay-budget"].replace(
         "`--budget-mib`", f"{data.get('budget_mib', DEFAULT_BUDGET_MIB)} MiB")})
@@ -234,13 +272,18 @@ def readme_block(data: dict[str, Any]) -> str:
     return (
         f"{BEGIN}\n"
         f"Generated by `./dev bench nodes` on {data['when']} ({env['cpus']} CPUs, {env['platform']}): a "
-        f"{model['weight_bytes'] / GIB:.2f} GiB synthetic safetensors checkpoint (S; {model['shards']} shard(s)) on "
+        f"{model['weight_bytes'] / GIB:.2f} GiB synthetic safetensors checkpoint (S; {layouts_text(data)}) on "
         f"s3rver behind one counting proxy (the node's link), every reader a process of its own loading every "
         f"tensor with the Run:ai `SafetensorsStreamer` ({streamer}); wall time from the start of all N readers "
         f"(imports done) to the last one ready; peak node memory is the largest drop of MemAvailable during "
         f"the run (every process on the box moves it), next to the growth of the readers' own RSS plus the "
         f"relay copy; the loaded tensors are copied once, as into a parameter, and dropped.\n\n{tables(data)}\n{END}"
     )
+
+
+def layouts_text(data: dict[str, Any]) -> str:
+    shards = sorted({r.get("shards") for r in data["runs"] if r.get("shards")}) or [data["model"].get("shards", 1)]
+    return " and ".join("one file" if n == 1 else f"{n} shards" for n in shards)
 
 
 # -- node memory ---------------------------------------------------------------------------
@@ -412,11 +455,11 @@ def child_main(args: dict[str, Any]) -> None:
                 engine = SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1)
                 mode = "relay" if relay_wanted(readers_on_node(engine)) else "stream"  # NODE_ENGINES = N
                 out["auto_relays"] = mode == "relay"
-            if method == "relay-budget":
-                mode = "relay"  # the env carries the user's budget
+            if method in ("relay-budget", "relay-wait"):
+                mode = "relay"  # the env carries the user's budget; relay-wait: the whole copy first
             # the shim's own memory rule, as the engine's process applies it where the user set no limit
-            rule = {"budget": args["readers"]} if method in ("relay", "auto") else {}
-            out.update(relaychild.main({**args, "mode": mode, **rule}))
+            rule = {"budget": args["readers"]} if method in ("relay", "auto", "relay-wait") else {}
+            out.update(relaychild.main({**args, "mode": mode, "pipelined": method != "relay-wait", **rule}))
         out["ready_at"] = t_go + out["ready_s"]
     except Exception as e:  # one JSON file either way
         out["error"] = f"{type(e).__name__}: {e}"
@@ -436,7 +479,8 @@ def child_env(base: dict[str, str], store_env: dict[str, str], endpoint: str, re
     env.update(store_env)
     env.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL_S3": endpoint,
                 "RAY_RUNAI_SHIM_RELAY_DIR": str(relay_dir),
-                "RAY_RUNAI_SHIM_RELAY": {"relay": "on", "relay-budget": "on", "auto": "auto"}.get(method, "off"),
+                "RAY_RUNAI_SHIM_RELAY": {"relay": "on", "relay-wait": "on", "relay-budget": "on",
+                                          "auto": "auto"}.get(method, "off"),
                 "RAY_RUNAI_SHIM_NODE_ENGINES": str(readers),
                 "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), base.get("PYTHONPATH")) if p)})
     if request_timeout_ms:
@@ -535,7 +579,11 @@ def measure(method: str, n: int, rate: float, model: dict[str, Any], proxy: Any,
             disk_bytes=dir_bytes(copy_dir), relay_left_bytes=dir_bytes(relay_dir),
             fetchers=sum(1 for r in results if r.get("fetched") or r.get("copied")),
             reader_peak_rss_bytes=[r["peak_rss_bytes"] for r in results],
-            tensors=results[0]["tensors"], same_tensors=all(r["tensors"] == results[0]["tensors"] for r in results))
+            tensors=results[0]["tensors"], same_tensors=all(r["tensors"] == results[0]["tensors"] for r in results),
+            first_tensor_s=[_round(r.get("first_tensor_s")) for r in results],
+            follower_first_s=max((r["first_tensor_s"] for r in results if not (r.get("fetched") or r.get("copied"))
+                                  and r.get("first_tensor_s") is not None), default=None),
+            copy_s=next((r["copy_s"] for r in results if r.get("fetched") and r.get("copy_s")), None))
         if method == "auto":
             row["auto_relays"] = results[0].get("auto_relays")
     except Exception as e:
@@ -549,13 +597,17 @@ def measure(method: str, n: int, rate: float, model: dict[str, Any], proxy: Any,
     return row
 
 
+def _round(value: Optional[float]) -> Optional[float]:
+    return None if value is None else round(value, 3)
+
+
 def describe(row: dict[str, Any]) -> str:
     if "error" in row:
         return f"  N={row['n']} {row['method']:<8} FAILED: {row['error'].strip().splitlines()[0][:200]}"
     return (f"  N={row['n']} {method_cell(row):<15} wall {row['wall_s']:7.2f}s  store {row['store_x']:.2f} x S  "
             f"peak node mem {_mib(row['peak_mem_bytes'])} (readers + copy {_mib(row['own_mem_bytes'])})  "
             f"disk {_mib(row['disk_bytes'])}  "
-            f"ready {row['ready_s']}")
+            f"ready {row['ready_s']}  first tensor {row['first_tensor_s']}  copy {_secs(row.get('copy_s'))}")
 
 
 
@@ -571,6 +623,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help=f"set {REQUEST_TIMEOUT_ENV} for every reader (default: the streamer's own)")
     ap.add_argument("--budget-mib", type=int, default=DEFAULT_BUDGET_MIB,
                     help=f"the per-reader streamer budget of relay-budget (default {DEFAULT_BUDGET_MIB})")
+    ap.add_argument("--layouts", type=parse_ns, default=[1, 8],
+                    help="the checkpoint as this many shards, one model each (default 1,8: one file, 8 shards)")
     ap.add_argument("--verify", action="store_true", help="sha256 every tensor in every reader (slower)")
     ap.add_argument("--tmp", default=tempfile.gettempdir(), help="where the temp data goes (default: system tmp)")
     ap.add_argument("--docs", type=Path, metavar="PATH",
@@ -605,31 +659,35 @@ def main(argv: Optional[list[str]] = None) -> int:
         server.start()
         client = s3_client(server.endpoint)
         client.create_bucket(Bucket=BUCKET)
-        prefix = f"models/nodes-{args.size_gib:g}gib"
-        model = build_model(workdir / "src" / prefix, size, make_noise(min(64 * MIB, size)))
-        model["upload_s"] = upload_dir(client, workdir / "src" / prefix, prefix)
-        model.update(uri=f"s3://{BUCKET}/{prefix}", size_gib=args.size_gib,
-                     weights=sorted(k for k in model["files"] if k.endswith(".safetensors")))
-        print(f"{model['uri']}: {model['shards']} shard(s), S = {model['weight_bytes']:,} weight bytes", flush=True)
-        reference: Optional[dict[str, str]] = None
-        for rate in args.rates:
-            print(f"link {rate_label(rate)}:", flush=True)
-            with CountingProxy(server.port, rate=rate * 1e6 if rate else None) as proxy:
-                for n, method in plan(args.ns, args.methods):
-                    row = measure(method, n, rate, model, proxy, server.env(), workdir, args.request_timeout_ms,
-                                  args.verify, args.budget_mib)
-                    tensors = row.pop("tensors", None)
-                    if tensors is not None:
-                        reference = reference or tensors
-                        row["exact"] = bool(row.pop("same_tensors")) and tensors == reference
-                    rows.append(row)
-                    print(describe(row), flush=True)
+        noise = make_noise(min(64 * MIB, size))
+        for shards in args.layouts:
+            prefix = f"models/nodes-{args.size_gib:g}gib-{shards}"
+            model = build_model(workdir / "src" / prefix, size, noise, shard_max_bytes=-(-size // shards))
+            model["upload_s"] = upload_dir(client, workdir / "src" / prefix, prefix)
+            model.update(uri=f"s3://{BUCKET}/{prefix}", size_gib=args.size_gib,
+                         weights=sorted(k for k in model["files"] if k.endswith(".safetensors")))
+            print(f"{model['uri']}: {model['shards']} shard(s), S = {model['weight_bytes']:,} weight bytes", flush=True)
+            reference: Optional[dict[str, str]] = None
+            for rate in args.rates:
+                print(f"link {rate_label(rate)}:", flush=True)
+                with CountingProxy(server.port, rate=rate * 1e6 if rate else None) as proxy:
+                    for n, method in plan(args.ns, args.methods):
+                        row = measure(method, n, rate, model, proxy, server.env(), workdir, args.request_timeout_ms,
+                                      args.verify, args.budget_mib)
+                        row["shards"] = model["shards"]
+                        tensors = row.pop("tensors", None)
+                        if tensors is not None:
+                            reference = reference or tensors
+                            row["exact"] = bool(row.pop("same_tensors")) and tensors == reference
+                        rows.append(row)
+                        print(describe(row), flush=True)
         data = {"command": [sys.executable, *sys.argv], "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "env": env_info(), "model": {k: v for k, v in model.items() if k != "files"},
                 "request_timeout_ms": args.request_timeout_ms, "budget_mib": args.budget_mib,
                 "streamer_env": {k: v for k, v in os.environ.items() if k.startswith("RUNAI_STREAMER")},
                 "verify": args.verify, "runs": rows,
-                "ratios": {str(rate): ratios(rows, rate) for rate in args.rates}}
+                "ratios": {f"{shards}x{rate:g}": ratios([r for r in rows if r.get("shards") == shards], rate)
+                           for shards in dict.fromkeys(r.get("shards") for r in rows) for rate in args.rates}}
         print()
         print(tables(data))
         RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)

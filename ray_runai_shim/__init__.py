@@ -53,6 +53,7 @@ def _status_shape(**fields: Any) -> dict[str, Any]:
         "patched": [],
         "patches_applied": [],
         "relay": [],  # what the node relay decided for each engine built here
+        "relay_copy": [],  # the relay copies this process makes or made: bytes done, total, rate, time left
     }
     unknown = set(fields) - set(out)
     if unknown:

@@ -25,6 +25,7 @@ from .log import logger
 from .tables import settings, targets
 from .tables.support import (
     HANDOFF,
+    RAY_FREE,
     SERVE_HANDOFF,
     SERVE_MIRROR,
     SERVE_RANGES,
@@ -151,17 +152,25 @@ def _apply(target: targets.Target, module: ModuleType) -> None:
 
 
 def _on_import(module: ModuleType) -> None:
-    """The post-import hook of every consumer module in the table."""
+    """The post-import hook of every consumer module in the table. Before Ray is imported (a
+    vLLM process of its own: the engine core, a worker) only the Ray-free patches apply; when
+    Ray comes, the rest are applied to what was imported before it."""
     if not _installed or settings.disabled():
         return
     version = ray_version()
-    if version is None:
-        return
+    wanted = (patches_for(version) if version is not None else frozenset()) | RAY_FREE
     if module.__name__ == "ray":
         _announce()
-    wanted = patches_for(version)
+        for name in targets.modules():
+            if name != "ray" and name in sys.modules:
+                _apply_all(sys.modules[name], wanted)
+    _apply_all(module, wanted)
+
+
+def _apply_all(module: ModuleType, wanted: frozenset) -> None:
+    done = {name for _patch, name in registry.applied()}
     for target in targets.for_module(module.__name__):
-        if target.patch not in wanted:
+        if target.patch not in wanted or (target.kind != targets.CALL and target.name in done):
             continue
         try:
             _apply(target, module)
@@ -197,6 +206,11 @@ def uninstall() -> None:
     registry.restore_all()
 
 
+def _relay_copies() -> list[dict[str, Any]]:
+    progress = sys.modules.get("ray_runai_shim.snapshot.relay_progress")
+    return progress.current() if progress is not None else []
+
+
 def state() -> dict[str, Any]:
     """What the installer did in *this* process: the installer's half of ``status()``
     (:func:`ray_runai_shim.status` adds the rest; run it inside a Ray task to see a worker's)."""
@@ -213,4 +227,5 @@ def state() -> dict[str, Any]:
         patched=sorted({name for _patch, name in applied}),
         patches_applied=sorted({patch for patch, _name in applied}),
         relay=list(getattr(sys.modules.get("ray_runai_shim.integrations.relay"), "decisions", [])),
+        relay_copy=_relay_copies(),
     )

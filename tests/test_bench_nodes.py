@@ -43,8 +43,11 @@ def test_arguments():
 
 
 def test_the_plan_runs_auto_at_one_reader_only_and_the_budget_at_two_or_more():
-    assert bn.plan([1, 2], list(bn.METHODS)) == [(1, "stream"), (1, "auto"), (1, "relay"), (1, "ray-copy"),
-                                                 (2, "stream"), (2, "relay"), (2, "relay-budget"), (2, "ray-copy")]
+    assert bn.plan([1, 2], list(bn.METHODS)) == [
+        (1, "stream"), (1, "auto"), (1, "relay"), (1, "relay-wait"), (1, "ray-copy"),
+        (2, "stream"), (2, "relay"), (2, "relay-wait"), (2, "relay-budget"), (2, "ray-copy")]
+    assert bn.child_env({}, {}, "http://127.0.0.1:1", Path("/dev/shm/x"), "relay-wait", 2, None)[
+        "RAY_RUNAI_SHIM_RELAY"] == "on"
     assert bn.plan([4], ["auto", "stream"]) == [(4, "stream")]
     env = bn.child_env({}, {}, "http://127.0.0.1:1", Path("/dev/shm/x"), "relay-budget", 4, None, budget_mib=128)
     assert env["RUNAI_STREAMER_MEMORY_LIMIT"] == str(128 << 20) and env["RAY_RUNAI_SHIM_RELAY"] == "on"
@@ -64,6 +67,21 @@ def test_ratios_and_goals_on_a_limited_link():
     assert got[("relay/stream", 2)]["value"] == pytest.approx(0.5) and got[("relay/stream", 2)]["met"] is True
     assert got[("relay/stream", 4)]["value"] == pytest.approx(0.35) and got[("relay/stream", 4)]["met"] is False
     assert got[("auto/stream", 1)]["value"] == pytest.approx(1.02) and got[("auto/stream", 1)]["met"] is True
+    # #36: against ONE reader streaming (the physical limit), within 5 % on a limited link
+    assert got[("relay/stream (N=1)", 2)]["value"] == pytest.approx(1.0) and got[("relay/stream (N=1)", 2)]["met"]
+    assert got[("relay/stream (N=1)", 4)]["value"] == pytest.approx(1.4)
+    assert got[("relay/stream (N=1)", 4)]["met"] is False
+
+
+def test_a_followers_first_tensor_is_judged_against_the_copys_duration():
+    rows = _rows()
+    rows[5] = _row(2, "relay", 10.0, follower_first_s=0.5, copy_s=10.0)
+    rows[8] = _row(4, "relay", 14.0, follower_first_s=3.0, copy_s=10.0)
+    got = {(r["name"], r["n"]): r for r in bn.ratios(rows, 40.0)}
+    first = "follower's first tensor / copy"
+    assert got[(first, 2)]["value"] == pytest.approx(0.05) and got[(first, 2)]["met"] is True
+    assert got[(first, 4)]["value"] == pytest.approx(0.3) and got[(first, 4)]["met"] is False
+    assert "| 2 | relay | 10.00 s | 0.50 s | 1.00 x S |" in bn.table_for(rows, 40.0)
 
 
 def test_on_an_unlimited_link_only_the_n1_goal_is_judged():
@@ -71,6 +89,11 @@ def test_on_an_unlimited_link_only_the_n1_goal_is_judged():
     assert got[("relay/stream", 4)]["value"] == pytest.approx(0.35)
     assert got[("relay/stream", 4)]["met"] is None and not got[("relay/stream", 4)]["applies"]
     assert got[("auto/stream", 1)]["met"] is True
+    # #36's goals for an unlimited link are judged there (and listed only there)
+    assert got[("relay/stream (N=1)", 2)]["goal"] == "<= 1.2" and got[("relay/stream (N=1)", 2)]["met"] is True
+    assert got[("relay/stream (N=1)", 4)]["goal"] == "<= 1.5" and got[("relay/stream (N=1)", 4)]["met"] is True
+    limited = [r for r in bn.ratios(_rows(), 40.0) if r["name"] == "relay/stream (N=1)"]
+    assert {r["goal"] for r in limited} == {"<= 1.05"}
 
 
 def test_a_failed_or_missing_side_has_no_ratio_and_an_unrun_n_no_line():
@@ -87,10 +110,10 @@ def test_the_table_of_one_link():
     rows.append({"rate_mbps": 40.0, "n": 8, "method": "stream", "error": "TimeoutError: readers not done\nlog tail"})
     text = bn.table_for(rows, 40.0)
     assert text.startswith("Link to the store: **40 MB/s**")
-    assert "| 1 | auto (streams) | 10.20 s | 1.00 x S | 300 MiB | 200 MiB | 0 |" in text
-    assert "| 2 | ray-copy | 12.50 s | 1.00 x S | 300 MiB | 200 MiB | 100 MiB |" in text
-    assert "| 4 | stream | 40.00 s | 4.00 x S |" in text
-    assert "| 8 | stream | failed: TimeoutError: readers not done | - | - | - | - |" in text
+    assert "| 1 | auto (streams) | 10.20 s | - | 1.00 x S | 300 MiB | 200 MiB | 0 |" in text
+    assert "| 2 | ray-copy | 12.50 s | - | 1.00 x S | 300 MiB | 200 MiB | 100 MiB |" in text
+    assert "| 4 | stream | 40.00 s | - | 4.00 x S |" in text
+    assert "| 8 | stream | failed: TimeoutError: readers not done | - | - | - | - | - |" in text
     assert "| relay/stream | 4 | 0.35 | <= 0.3 | **no** |" in text
     assert "| auto/stream | 1 | 1.02 | within 3 % | yes |" in text
     assert "(<= 0.9 on a limited link) | - |" in bn.table_for(_rows(0.0), 0.0)

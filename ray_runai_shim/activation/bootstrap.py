@@ -1,4 +1,4 @@
-"""Stdlib-only first stage: wait for ``import ray`` before loading anything heavy.
+"""Stdlib-only first stage: wait for ``import ray`` (or ``import vllm``) before loading anything heavy.
 
 ``import ray_runai_shim`` runs in drivers, every Ray worker, and (through a
 sitecustomize or ``.pth``) possibly every interpreter on an image. Importing
@@ -41,17 +41,22 @@ def _full_install() -> bool:
         return False
 
 
+#: The top-level packages whose import installs the shim: Ray, and vLLM in the processes of its
+#: own that never import Ray (its engine core and workers: the relay's readers, #36).
+WATCHED = ("ray", "vllm")
+
+
 class _RayWatcher:
-    """A meta-path finder that only watches for the top-level ``ray`` package."""
+    """A meta-path finder that only watches for the top-level ``ray`` and ``vllm`` packages."""
 
     busy = False
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Optional[Any]:
-        if fullname != "ray" or self.busy:
+        if fullname not in WATCHED or self.busy:
             return None
         self.busy = True
         try:
-            spec = importlib.util.find_spec("ray")
+            spec = importlib.util.find_spec(fullname)
         finally:
             self.busy = False
         loader = getattr(spec, "loader", None)
@@ -86,7 +91,7 @@ def activate() -> bool:
     if disabled_by_env():
         return False
     _wanted = True
-    if "ray" in sys.modules:
+    if any(name in sys.modules for name in WATCHED):
         return _full_install()
     if _watcher is None:
         _watcher = _RayWatcher()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import os
+import site
 import threading
 from typing import Any, Callable, Optional
 
@@ -118,31 +119,43 @@ def create_engine_config(original: Callable[..., Any], instance: Any, args: tupl
         if got is None:  # no copy (does not fit, unsafe directory, failed or stalled): acquire said why
             _decided(f"{readers} reader(s): no relay copy on this node (see its WARNING); stream {uri} from the store")
         else:
-            how = "its ranks read each range as it lands" if got.live else "the copy is whole"
+            how = ("its ranks read each range as it lands" if got.live else
+                   "the copy is whole" if pipelined else "its ranks wait for the whole copy")
             _decided(f"{readers} reader(s) on this node: {uri} relayed through {got.path} ({how})")
             object.__setattr__(model_config, "model_weights", got.uri)
             with _lock:
                 _held.append(got)
-            logger.info("ray-runai-shim: %d reader(s) on this node stream %s from the node relay %s",
-                        readers, uri, got.path)
+            logger.info("ray-runai-shim: %d reader(s) on this node stream %s from the node relay %s (%s; pid %d)",
+                        readers, uri, got.path, how, os.getpid())
     if not user_memory_limit(instance):
         budget_quietly(config, readers, str(got.path) if got is not None and not got.live else uri)
     return config
 
 
+def _autoload_installed() -> bool:
+    """The wheel's autoload ``.pth`` is in this interpreter's site-packages (an interpreter
+    started with ``RAY_RUNAI_SHIM_AUTOLOAD=1`` loads the shim)."""
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    return any(os.path.isfile(os.path.join(d, settings.AUTOLOAD_PTH)) for d in dirs)
+
+
 def ranks_read_as_it_lands() -> bool:
-    """The ranks will read a copy in progress as it lands: they load the shim at interpreter
-    start (``RAY_RUNAI_SHIM_AUTOLOAD=1``, which vLLM's engine core and workers inherit, and the
-    job's env_vars give its Ray workers) and this vLLM's runai loader has the door the shim
-    wraps (:mod:`.relay_reader`). Otherwise the relay hands over only a whole copy: a rank
-    without the shim would find no files, never a half copy."""
-    if not PIPELINE or os.environ.get(settings.AUTOLOAD) != "1":
+    """The ranks will read a copy in progress as it lands: this vLLM's runai loader has the
+    door the shim wraps (:mod:`.relay_reader`) and vLLM's engine core and workers, started from
+    this process, load the shim at interpreter start: the wheel's autoload ``.pth`` is
+    installed and ``RAY_RUNAI_SHIM_AUTOLOAD=1`` is set here for them (unless the user set it
+    to something else). Otherwise the relay hands over only a whole copy: a rank without the
+    shim finds no files, never a half copy."""
+    if not PIPELINE or os.environ.get(settings.AUTOLOAD, "1") != "1" or not _autoload_installed():
         return False
     try:
         importlib.import_module(VLLM_RUNAI_LOADER)  # its post-import hook wraps the loader here too
     except Exception:
         return False
-    return f"{VLLM_RUNAI_LOADER}.{READER_DOOR}" in {name for _patch, name in registry.applied()}
+    if f"{VLLM_RUNAI_LOADER}.{READER_DOOR}" not in {name for _patch, name in registry.applied()}:
+        return False
+    os.environ[settings.AUTOLOAD] = "1"  # inherited by vLLM's engine core and its workers
+    return True
 
 
 def release_all() -> None:

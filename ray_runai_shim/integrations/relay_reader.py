@@ -13,6 +13,7 @@ fail or stall, the rank streams the whole checkpoint from the store with vLLM's 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,15 +32,28 @@ def relay_copy_path(path: Any) -> bool:
     return Path(path).parent == node_relay.root()
 
 
+def _visible() -> None:
+    """A vLLM process that never imported Ray has no handler for the shim's lines: give it one
+    (stderr, which the engine's log collects), so what a rank waits for is seen."""
+    if not logger.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
+
+
 @fail_open("reading the node relay's copy as it lands", fallback="vLLM reads the copy's files")
 def weights_iterator(original: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
     path = args[0] if args else kwargs.get("model_or_path")
     if not relay_copy_path(path):
         raise NotApplicable("not a node relay copy")
     live = relay_read.open_live(Path(path))
+    _visible()
     if live is None:
+        logger.info("ray-runai-shim: node relay: this rank streams the whole copy %s (pid %d)", path, os.getpid())
         raise NotApplicable("the copy is complete: vLLM streams its files")
-    logger.info("ray-runai-shim: node relay: this rank reads %s as its copy lands", live.uri)
+    logger.info("ray-runai-shim: node relay: this rank reads %s as its copy lands (pid %d)", live.uri, os.getpid())
     return as_it_lands(live, original, args, kwargs)
 
 

@@ -16,6 +16,8 @@ from typing import Optional
 
 DISABLE = "RAY_RUNAI_SHIM_DISABLE"
 AUTOLOAD = "RAY_RUNAI_SHIM_AUTOLOAD"
+#: The file the wheel puts into site-packages: with AUTOLOAD=1, every interpreter loads the shim.
+AUTOLOAD_PTH = "ray_runai_shim_autoload.pth"
 CACHE_DIR = "RAY_RUNAI_SHIM_CACHE_DIR"
 LOCK_TIMEOUT = "RAY_RUNAI_SHIM_LOCK_TIMEOUT"
 HANDOFF = "RAY_RUNAI_SHIM_HANDOFF"

@@ -37,6 +37,10 @@ S3_ANONYMOUS = "s3-anonymous"  # map Ray's s3://anonymous@ URIs to the streamer'
 AUX_PULL = "vllm-aux-pull"  # fetch vLLM's non-weight files once per node, locked (vLLM 0.11-0.15 race)
 PEER_FILES = "vllm-peer-files"  # the non-weight files on every node a vLLM worker runs on (vllm#50616)
 RELAY = "node-relay"  # N readers on a node (engines x ranks) read the store once; one streamer memory budget
+RELAY_READER = "node-relay-reader"  # each vLLM rank reads the relay's copy as it lands (#36)
+#: Patches of vLLM's own code that hold whatever the Ray release, and apply in processes that
+#: never import Ray (vLLM's engine core and workers): not in the per-release tables.
+RAY_FREE = frozenset({RELAY_READER})
 OFFLINE = "vllm-offline-uri"  # keep an object-store model out of vLLM's HF_HUB_OFFLINE Hub lookup (vLLM 0.10.2-0.22)
 
 #: vLLM releases whose own pull of the non-weight files wipes and re-creates a shared

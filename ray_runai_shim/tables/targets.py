@@ -29,6 +29,7 @@ from .support import (
     OFFLINE,
     PEER_FILES,
     RELAY,
+    RELAY_READER,
     RUNTIME_ENV,
     S3_ANONYMOUS,
     SERVE_ACTIVATION,
@@ -136,7 +137,7 @@ TARGETS: tuple[Target, ...] = (
     Target(RELAY, VLLM_LLM_ENGINE, "LLMEngine.__init__", "ray_runai_shim.integrations.relay:engine_ready",
            if_has="LLMEngine"),
     # each rank reads the relay's copy as it lands (the engine's process pipelines only where this applies)
-    Target(RELAY, VLLM_RUNAI_LOADER, "RunaiModelStreamerLoader._get_weights_iterator",
+    Target(RELAY_READER, VLLM_RUNAI_LOADER, "RunaiModelStreamerLoader._get_weights_iterator",
            "ray_runai_shim.integrations.relay_reader:weights_iterator", if_has="RunaiModelStreamerLoader"),
     # vLLM's workers on other nodes (TP/PP across nodes) are told a model dir that exists only on the
     # node that built the config (vllm#50616): fetch the non-weight files there, in the worker.

@@ -8,6 +8,7 @@ the same, no weight byte reaches disk and nothing of the shim's is left in the r
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -24,12 +25,12 @@ pytestmark = [pytest.mark.engine, pytest.mark.ray]
 MODEL = "tiny-sharded"
 
 
-def run_pipeline(s3, model, *, relay: str, tp: int = 1, concurrency: int = 1, **env: str) -> dict:
+def run_pipeline(s3, model, *, relay: str, tp: int = 1, concurrency: int = 1, rate=None, **env: str) -> dict:
     root = Path(tempfile.mkdtemp(prefix=f"rrs-rl{relay[:2]}-", dir="/tmp"))
     sandbox = make_sandbox(s3, root)
     try:
         with shm.tmpdir("rrs-relay-") as relay_dir:
-            with CountingProxy(s3.port) as proxy:
+            with CountingProxy(s3.port, rate=rate) as proxy:
                 sandbox.env.update(AWS_ENDPOINT_URL=proxy.endpoint, AWS_ENDPOINT_URL_S3=proxy.endpoint,
                                    RAY_RUNAI_SHIM_RELAY=relay, RAY_RUNAI_SHIM_RELAY_DIR=str(relay_dir), **env)
                 if tp > 1:
@@ -70,6 +71,20 @@ def test_with_the_relay_the_node_reads_the_store_once(tp2):
     run = tp2["auto"]
     assert run["store_weight_bytes"] <= 1.05 * tp2["size"], (run["store_weight_bytes"], tp2["size"])
     assert "from the node relay" in run["logs"] and "2 reader(s) on this node" in run["logs"]
+
+
+def test_the_engine_pipelines_and_each_rank_reads_through_the_shims_reader(tp2):
+    """#36: the engine's process hands the ranks the copy as it is made, and each rank -- vLLM's
+    spawned workers, processes that never import Ray -- reads it through the shim's reader in
+    vLLM's runai loader (as it lands, or as files once whole: this tiny copy takes 0.1 s, the CPU
+    engine ~10 s to start; the overlap itself is observed in tests/snapshot/test_relay_read.py).
+    Without the relay no rank does."""
+    logs = tp2["auto"]["logs"]
+    assert "its ranks read each range as it lands" in logs
+    ranks = set(re.findall(r"node relay: this rank (?:reads .* as its copy lands|streams the whole copy .*) "
+                           r"\(pid (\d+)\)", logs))
+    assert len(ranks) == 2, [ln for ln in logs.splitlines() if "this rank" in ln]
+    assert "this rank" not in tp2["off"]["logs"]
 
 
 def test_same_greedy_tokens_with_and_without_the_relay(tp2):

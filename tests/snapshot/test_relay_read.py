@@ -311,6 +311,10 @@ def test_a_long_copy_says_how_far_it_is_and_a_short_one_says_nothing(s3, checkpo
     assert len(told) >= 2 and all("MiB of 12.0 MiB" in m and "/s, about" in m and "left" in m for m in told), told
     [figures] = [f for f in relay_progress.current() if f["uri"] == model["uri"]]
     assert figures["state"] == relay_progress.DONE and figures["bytes"] == figures["total"] == model["bytes"]
+    assert figures["rate_bytes_s"] > 0 and figures["eta_s"] == 0
+    import ray_runai_shim
+
+    assert figures in ray_runai_shim.status()["relay_copy"]  # status() shows the same figures
 
     monkeypatch.setattr(relay_progress, "LOG_EVERY_S", 10.0)  # the default, on an unlimited link
     caplog.clear()

@@ -27,6 +27,8 @@ TRACE = {"path": None, "t0": 0.0}
 
 
 def _trace(name: str) -> None:
+    if TRACE.get("first") is None:
+        TRACE["first"] = time.monotonic() - TRACE["t0"]
     if TRACE["path"]:
         with open(TRACE["path"], "a") as f:
             f.write(f"{time.monotonic() - TRACE['t0']:.3f} {name}\n")
@@ -73,7 +75,7 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
     if "resume" in args:
         relay_copy.RESUME = bool(args["resume"])
     t0 = time.monotonic()
-    TRACE.update(path=args.get("trace"), t0=t0)
+    TRACE.update(path=args.get("trace"), t0=t0, first=None)
     result: dict[str, Any] = {"pid": os.getpid()}
     if args["mode"] == "relay":
         got = relay.acquire(args["uri"], fs_and_path, pipelined=bool(args.get("pipelined")))
@@ -110,16 +112,19 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
                                              result)
         else:
             result["tensors"] = stream_tensors(paths)
-            result.setdefault("first_tensor_s", None)
         result["ready_s"] = time.monotonic() - t0
+        result["first_tensor_s"] = TRACE["first"]
         if got is not None:
             got.wait()  # the fetcher's copy thread ends with the copy, as in an engine's process
+            if got.fetched:  # the copy's duration, from this reader's start
+                result["copy_s"] = (time.monotonic() - t0) if got.live else got.seconds
         time.sleep(float(args.get("hold", 0)))
         if got is not None and args.get("release", True):
             result["freed"] = relay.release(got)
     else:
         result["tensors"] = stream_tensors([f"{args['uri']}/{k}" for k in args["weights"]])
         result["ready_s"] = time.monotonic() - t0
+        result["first_tensor_s"] = TRACE["first"]
     return result
 
 
