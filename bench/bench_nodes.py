@@ -175,8 +175,10 @@ def ratios(rows: list[dict[str, Any]], rate: float) -> list[dict[str, Any]]:
     out = []
     for num, n, den, den_n, kind, bound, link in GOALS:
         applies = link == "any" or (link == "limited") == bool(rate)
-        if link == "unlimited" and not applies:
-            continue  # judged on the unlimited link only: its own line there
+        if not applies and (link == "unlimited" or any(
+                g[:4] == (num, n, den, den_n) and (g[6] == "any" or (g[6] == "limited") == bool(rate))
+                for g in GOALS)):
+            continue  # another line judges this ratio on this kind of link
         value = ratio(_wall(rows, rate, n, num), _wall(rows, rate, den_n, den))
         met: Optional[bool] = None
         if value is not None and applies:

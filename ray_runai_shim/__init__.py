@@ -34,7 +34,9 @@ def status() -> dict[str, Any]:
     import sys
 
     patches = sys.modules.get(__name__ + ".patches")
-    return _status_shape(**(patches.state() if patches is not None else {}))
+    progress = sys.modules.get(__name__ + ".snapshot.relay_progress")
+    copies = progress.current() if progress is not None else []
+    return _status_shape(**(patches.state() if patches is not None else {}), relay_copy=copies)
 
 
 def _status_shape(**fields: Any) -> dict[str, Any]:

@@ -206,11 +206,6 @@ def uninstall() -> None:
     registry.restore_all()
 
 
-def _relay_copies() -> list[dict[str, Any]]:
-    progress = sys.modules.get("ray_runai_shim.snapshot.relay_progress")
-    return progress.current() if progress is not None else []
-
-
 def state() -> dict[str, Any]:
     """What the installer did in *this* process: the installer's half of ``status()``
     (:func:`ray_runai_shim.status` adds the rest; run it inside a Ray task to see a worker's)."""
@@ -227,5 +222,4 @@ def state() -> dict[str, Any]:
         patched=sorted({name for _patch, name in applied}),
         patches_applied=sorted({patch for patch, _name in applied}),
         relay=list(getattr(sys.modules.get("ray_runai_shim.integrations.relay"), "decisions", [])),
-        relay_copy=_relay_copies(),
     )

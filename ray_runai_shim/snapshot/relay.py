@@ -7,8 +7,11 @@ Several engines of one model on a node (Ray Data ``concurrency=N``, Serve ``num_
 and the tensor-parallel ranks of one engine each stream the whole checkpoint: the node reads
 N x S. With the relay, the first reader on the node copies the weight objects once, with
 parallel ranged GETs, into a memory-backed directory (``/dev/shm`` unless
-``RAY_RUNAI_SHIM_RELAY_DIR`` names another); the others wait for it; then every reader
-streams the local files with the same ``runai_streamer`` load format.
+``RAY_RUNAI_SHIM_RELAY_DIR`` names another), in a thread of its own; every reader (its own
+ranks too) reads each tensor as soon as its bytes are there and verified
+(:mod:`.relay_read`), and a copy already whole is read as files, with the same
+``runai_streamer`` load format. Where the readers cannot follow a copy in progress, they wait
+for the whole copy (``pipelined=False``).
 
 It is on by default, so it must be safe to leave on (docs/node-relay.md has the table):
 

@@ -1,18 +1,21 @@
 """The relay's copy: every weight object read from the store once, in parallel ranged GETs,
-pinned to the version it was listed at, into a staging directory renamed whole.
+pinned to the version it was listed at, published range by range, renamed whole at the end.
 
 What the copy guarantees (:mod:`.relay` decides when to make one and who holds it):
 
 * one version of every object: each object's content identity (S3 ETag, GCS generation) is
-  part of the key; it is read again when the object is opened and after its last range, and
-  any change refuses the copy (pyarrow, Ray's store client, sends no ``If-Match``: the pin
-  brackets the copy);
-* never half visible: space reserved first (``posix_fallocate``: a full directory fails before
-  any GET), files created ``O_EXCL|O_NOFOLLOW`` in a private staging dir, a marker that records
-  what was checked, one ``rename``;
+  part of the key; it is read again when the object is opened, after each batch of ranges
+  lands (before they are published to the readers) and after the last one, and any change
+  refuses the copy (pyarrow, Ray's store client, sends no ``If-Match``: the pin brackets the
+  ranges);
+* nothing half visible: space reserved first (``posix_fallocate``: a full directory fails before
+  any GET), files created ``O_EXCL|O_NOFOLLOW`` in the copy's private directory (``.<key>.live``),
+  a range listed in the progress record (:mod:`.relay_progress`) only once written and verified,
+  a marker that records what was checked, one ``rename``;
+* a killed fetcher costs only what it had not verified: the next one resumes from the record;
 * a stalled range is read again while the copy makes progress elsewhere; whatever the copy
-  cannot help (the store, the directory, a changed object) is :class:`CopyFailed`, with nothing
-  left behind, and the readers stream.
+  cannot help (the store, the directory, a changed object) is :class:`CopyFailed`: the record
+  says so to the readers (they stream), the bytes are freed at once.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import struct
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -35,7 +39,11 @@ from .fetch import Listing, identity_of, metadata_of, probe_identity, run_all
 from .staging import Staging, read_json
 
 MARKER = ".ray-runai-shim-relay.json"
-RANGE_BYTES = 32 << 20
+#: Ranges read at once: WORKERS x RANGE_BYTES in flight. Readers start on the first tensors
+#: once their ranges land, so the window bounds when that is: 8 x 8 MiB on a 40 MB/s link lands
+#: a first 64 MiB tensor after ~1.7 s, where 8 x 32 MiB ranges sharing the link took ~6.7 s
+#: (./dev bench nodes). 8 MiB is the part size S3 documents for parallel ranged reads.
+RANGE_BYTES = 8 << 20
 WORKERS = 8
 #: A copy (or a range of it) that makes no progress for this long is given up: the fetcher
 #: streams, and so does every reader waiting for it. Progress, not a fixed clock: a slow but
@@ -149,7 +157,7 @@ def _data_file(staging: Staging, key: str, size: int, resuming: bool) -> Any:
         except FileNotFoundError:
             out = None
     if out is None:
-        out = staging.create(rel, mode=0o600)
+        out = staging.create(rel, mode=0o600, readable=True)
     try:  # reserve the whole object now: a full directory fails here, before any GET
         os.posix_fallocate(out.fileno(), 0, size)
     except OSError as e:
@@ -158,6 +166,15 @@ def _data_file(staging: Staging, key: str, size: int, resuming: bool) -> Any:
             raise
         os.ftruncate(out.fileno(), size)
     return out
+
+
+def _data_start(fd: int, f: Any) -> int:
+    """Where a safetensors file's tensors begin (8 bytes, then the header), read from the copy's
+    first range: the grid of the other ranges starts there. 0 when the object is not one."""
+    if not f.key.endswith(".safetensors") or f.size < 8:
+        return 0
+    (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+    return 8 + n if 8 + n <= f.size else 0
 
 
 def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: str, base: Path, key: str,
@@ -169,7 +186,7 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
     readers, the bytes are freed) for what the relay cannot help."""
     files = [(f.key, f.size) for f in listing.weights]
     staging, done = _open_copy_dir(base, key, listing.uri, files)
-    jobs: list[tuple[str, Any, int, int, int]] = []  # (object, source, fd, offset, length)
+    opened: list[tuple[Any, Any, Any]] = []  # (object, source, file) of the objects still to copy
     sources: list[Any] = []
     outs: list[Any] = []
     progress = _Progress()
@@ -180,7 +197,6 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
             logger.info("ray-runai-shim: node relay: resuming the copy of %s: %s of %s already on this node",
                         listing.uri, human_bytes(publisher.bytes_done), human_bytes(publisher.total))
         for f in listing.weights:
-            todo = relay_progress.missing(publisher.done[f.key], f.size, RANGE_BYTES)
             try:
                 out = _data_file(staging, f.key, f.size, done is not None)
             except OSError as e:
@@ -188,14 +204,14 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
                     raise CopyFailed(full_message(base, listing.weight_bytes)) from e
                 raise
             outs.append(out)
-            if not todo:
+            if relay_progress.covers(publisher.done[f.key], 0, f.size):
                 continue
             src = fs.open_input_file(f"{prefix}/{f.key}")  # random access: ranged GETs, bytes as stored
             sources.append(src)
             seen = identity_of(metadata_of(src))
             if src.size() != f.size or (PIN_VERSIONS and f.identity and seen and seen != f.identity):
                 raise _changed(listing.uri, f.key, f"{f.size} bytes, {f.identity}", f"{src.size()} bytes, {seen}")
-            jobs.extend((f.key, src, out.fileno(), off, length) for off, length in todo)
+            opened.append((f, src, out))
 
         def copy(job: tuple[str, Any, int, int, int]) -> int:
             name, src, fd, off, length = job
@@ -211,13 +227,35 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
             publisher.written(name, off, off + length)
             return length
 
+        def rest(f: Any, src: Any, out: Any, have: relay_progress.Intervals) -> list[tuple[str, Any, int, int, int]]:
+            """What the object still needs beyond *have*, on a grid that starts where its tensors
+            do: whole tensors fill whole ranges, so the first tensors land as soon as their bytes."""
+            return [(f.key, src, out.fileno(), off, length) for off, length in
+                    relay_progress.missing(have, f.size, RANGE_BYTES, _data_start(out.fileno(), f))]
+
+        # Each object's first range first (a safetensors header is in it), all at once; each
+        # object's other ranges as soon as its own first one is here (a stalled object holds
+        # back only itself).
         with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="rrs-relay") as pool:
-            pending = {pool.submit(copy, job) for job in jobs}
+            pending: set = set()
+            then: dict = {}
+            for f, src, out in opened:
+                first = min(RANGE_BYTES, f.size)
+                if relay_progress.covers(publisher.done[f.key], 0, min(8, f.size)):  # resumed: its header is here
+                    pending.update(pool.submit(copy, job) for job in rest(f, src, out, publisher.done[f.key]))
+                else:
+                    fut = pool.submit(copy, (f.key, src, out.fileno(), 0, first))
+                    then[fut] = (f, src, out)
+                    pending.add(fut)
             try:
                 while pending:
                     finished, pending = wait(pending, timeout=VERIFY_S, return_when=FIRST_EXCEPTION)
                     for fut in finished:
                         fut.result()
+                        if fut in then:
+                            f, src, out = then.pop(fut)
+                            have = relay_progress.add(publisher.done[f.key], 0, min(RANGE_BYTES, f.size))
+                            pending.update(pool.submit(copy, job) for job in rest(f, src, out, have))
                     _verify(publisher, listing, fs, prefix, store, every=False)
             except BaseException:
                 for fut in pending:

@@ -62,16 +62,24 @@ def total(intervals: Intervals) -> int:
     return sum(e - s for s, e in intervals)
 
 
-def missing(intervals: Intervals, size: int, step: int) -> list[tuple[int, int]]:
-    """The ``(offset, length)`` ranges of at most *step* bytes of ``[0, size)`` not yet covered."""
+def missing(intervals: Intervals, size: int, step: int, origin: int = 0) -> list[tuple[int, int]]:
+    """The ``(offset, length)`` ranges of ``[0, size)`` not yet covered, cut on a grid of *step*
+    bytes that starts at *origin* (a safetensors file's first tensor byte: whole tensors then
+    fill whole ranges, and the first tensors land as soon as the bytes for them do)."""
+    origin = origin if 0 < origin < size else 0
+    cuts = sorted({0, size, origin, *range(origin, size, step)})
+    spans = sorted(intervals)
     out: list[tuple[int, int]] = []
-    pos = 0
-    for s, e in sorted(intervals) + [[size, size]]:
-        while pos < min(s, size):
-            n = min(step, s - pos)
-            out.append((pos, n))
-            pos += n
-        pos = max(pos, e)
+    for a, b in zip(cuts, cuts[1:]):
+        pos = a
+        for s, e in spans:
+            if e <= pos or s >= b:
+                continue
+            if s > pos:
+                out.append((pos, s - pos))
+            pos = max(pos, e)
+        if pos < b:
+            out.append((pos, b - pos))
     return out
 
 

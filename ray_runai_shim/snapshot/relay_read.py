@@ -31,7 +31,8 @@ from .relay_copy import live_name, read_marker
 
 #: A reader that sees no new verified range for this long gives up on the copy and streams.
 STALL_S = relay_copy.STALL_S
-POLL_S = 0.02
+POLL_S = 0.01  # the first look after a tensor; doubled while nothing lands, up to MAX_POLL_S
+MAX_POLL_S = 0.1
 TELL_S = 10.0
 MAX_HEADER = 100 << 20  # safetensors' own limit on a header
 _O_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -101,6 +102,7 @@ class LiveCopy:
         self.uri: str = str(record.get("uri") or "")
         self.files = [_File(str(k), int(n)) for k, n in record.get("files") or []]
         self.first_tensor_s: Optional[float] = None
+        self._stamp: tuple = ()
 
     def close(self) -> None:
         for f in self.files:
@@ -115,6 +117,7 @@ class LiveCopy:
         """Every tensor of the checkpoint, each once, as soon as its bytes are verified here."""
         started = last_move = told = time.monotonic()
         last_bytes = -1
+        pause = POLL_S
         record = self.record
         try:
             while True:
@@ -141,10 +144,23 @@ class LiveCopy:
                     logger.info("ray-runai-shim: node relay: waiting %.0f s for %s, copied %s of %s so far",
                                 now - started, self._waiting_for(), human_bytes(got), human_bytes(
                                     int(record.get("total") or 0)))
-                time.sleep(POLL_S)
-                record = relay_progress.read_record(self._dir_fd) or record
+                pause = POLL_S if moved else min(pause * 2, MAX_POLL_S)
+                time.sleep(pause)
+                record = self._newer(record)
         finally:
             self.close()
+
+    def _newer(self, record: dict) -> dict:
+        """The record again, parsed only when the fetcher replaced it since the last look."""
+        try:
+            st = os.stat(relay_progress.RECORD, dir_fd=self._dir_fd, follow_symlinks=False)
+        except OSError:
+            return record
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)  # each record is a new file (a rename): a new inode
+        if stamp == self._stamp:
+            return record
+        self._stamp = stamp
+        return relay_progress.read_record(self._dir_fd) or record
 
     def _waiting_for(self) -> str:
         for f in self.files:

@@ -173,13 +173,13 @@ class Staging:
         self._dirs[rel] = fd
         return fd
 
-    def create(self, rel: PurePosixPath, mode: int = 0o644) -> Any:
-        """A new binary file at *rel* for writing (never through a symlink)."""
+    def create(self, rel: PurePosixPath, mode: int = 0o644, readable: bool = False) -> Any:
+        """A new binary file at *rel* for writing (and reading back, *readable*), never through
+        a symlink."""
         parent = self._dir_fd(rel.parent)
-        fd = os.open(
-            rel.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, mode, dir_fd=parent
-        )
-        return os.fdopen(fd, "wb")
+        access = os.O_RDWR if readable else os.O_WRONLY
+        fd = os.open(rel.name, access | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, mode, dir_fd=parent)
+        return os.fdopen(fd, "r+b" if readable else "wb")
 
     @property
     def fd(self) -> int:
@@ -187,13 +187,13 @@ class Staging:
         return self._dirs[PurePosixPath(".")]
 
     def open_existing(self, rel: PurePosixPath) -> Any:
-        """An existing regular file at *rel* for writing in place (resuming), never through a
-        symlink; FileNotFoundError when it is not there."""
-        fd = os.open(rel.name, os.O_WRONLY | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=self._dir_fd(rel.parent))
+        """An existing regular file at *rel* for reading and writing in place (resuming), never
+        through a symlink; FileNotFoundError when it is not there."""
+        fd = os.open(rel.name, os.O_RDWR | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=self._dir_fd(rel.parent))
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise FileNotFoundError(f"{rel} is not a regular file")
-        return os.fdopen(fd, "wb")
+        return os.fdopen(fd, "r+b")
 
     def write_atomic(self, rel: PurePosixPath, data: bytes) -> None:
         """*data* as *rel*, replacing it whole (a reader sees the old or the new, never half)."""
