@@ -213,7 +213,7 @@ def collect(uri: Optional[str], load_format: str) -> dict[str, Any]:
     from . import status
     from .activation.ray_init import importable_by_workers
     from .stores.endpoint import endpoint_credential_problems
-    from .tables.support import SERVE_RANGES, patches_for, plan_for
+    from .tables.support import RAY_FREE, SERVE_RANGES, patches_for, plan_for
     from .tables.targets import TARGETS
 
     versions = {d: _version(d) for d in DISTS}
@@ -228,7 +228,7 @@ def collect(uri: Optional[str], load_format: str) -> dict[str, Any]:
             "serve_why": plan_for(ray_version, SERVE_RANGES).why if ray_version else None,
             # Generated from the targets table: every Ray name the shim would touch here.
             "targets": [f"{t.name} ({t.patch})" for t in TARGETS
-                        if ray_version and t.patch in patches_for(ray_version)],
+                        if ray_version and t.patch in patches_for(ray_version) | RAY_FREE],
         },
         "this_process": status(),
         "workers": (

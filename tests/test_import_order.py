@@ -23,11 +23,11 @@ import ray
 from support.procs import base_env, last_json, run_python
 
 from ray_runai_shim.tables import targets
-from ray_runai_shim.tables.support import patches_for
+from ray_runai_shim.tables.support import RAY_FREE, patches_for
 
 pytestmark = pytest.mark.ray  # starts Ray (a cluster, a job, Serve, an engine) in its processes
 
-WANTED = patches_for(ray.__version__)
+WANTED = patches_for(ray.__version__) | RAY_FREE  # the Ray-free ones apply whatever the release
 SITE_ENV = {"RAY_RUNAI_SHIM_TEST_COMPAT": "1", "RAY_RUNAI_SHIM_TEST_SERVE_COMPAT": "1"}
 
 PROBE = """

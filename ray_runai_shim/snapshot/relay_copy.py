@@ -45,6 +45,9 @@ MARKER = ".ray-runai-shim-relay.json"
 #: (./dev bench nodes). 8 MiB is the part size S3 documents for parallel ranged reads.
 RANGE_BYTES = 8 << 20
 WORKERS = 8
+#: Each object's first range: its safetensors header (the grid of its other ranges starts
+#: where the header ends). Small, so the heads of many shards take no window from the tensors.
+HEAD_BYTES = 64 << 10
 #: A copy (or a range of it) that makes no progress for this long is given up: the fetcher
 #: streams, and so does every reader waiting for it. Progress, not a fixed clock: a slow but
 #: moving copy is waited for however long it takes.
@@ -233,14 +236,14 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
             return [(f.key, src, out.fileno(), off, length) for off, length in
                     relay_progress.missing(have, f.size, RANGE_BYTES, _data_start(out.fileno(), f))]
 
-        # Each object's first range first (a safetensors header is in it), all at once; each
-        # object's other ranges as soon as its own first one is here (a stalled object holds
-        # back only itself).
+        # Each object's head first (a safetensors header is in it; small, so all of them land at
+        # once), then each object's other ranges as soon as its own head is here (a stalled
+        # object holds back only itself), on the grid of its tensors.
         with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="rrs-relay") as pool:
             pending: set = set()
             then: dict = {}
             for f, src, out in opened:
-                first = min(RANGE_BYTES, f.size)
+                first = min(HEAD_BYTES, f.size)
                 if relay_progress.covers(publisher.done[f.key], 0, min(8, f.size)):  # resumed: its header is here
                     pending.update(pool.submit(copy, job) for job in rest(f, src, out, publisher.done[f.key]))
                 else:
@@ -254,7 +257,7 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
                         fut.result()
                         if fut in then:
                             f, src, out = then.pop(fut)
-                            have = relay_progress.add(publisher.done[f.key], 0, min(RANGE_BYTES, f.size))
+                            have = relay_progress.add(publisher.done[f.key], 0, min(HEAD_BYTES, f.size))
                             pending.update(pool.submit(copy, job) for job in rest(f, src, out, have))
                     _verify(publisher, listing, fs, prefix, store, every=False)
             except BaseException:
