@@ -7,4 +7,13 @@ environment on purpose: on an image, ``ray start`` is the first process that see
 and Ray's daemons, workers and Serve replicas inherit it from there.
 """
 
+import os
+
 import ray_runai_shim  # noqa: F401
+from ray_runai_shim.activation import bootstrap
+from ray_runai_shim.tables import settings
+
+if os.environ.get(settings.RELAY_READERS) == "1":
+    # vLLM's engine core and workers of an engine that relays (they never import Ray): the
+    # Ray-free patch that lets each rank read the relay's copy as it lands (#36), in place now.
+    bootstrap.activate(now=True)

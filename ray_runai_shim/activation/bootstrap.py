@@ -1,4 +1,4 @@
-"""Stdlib-only first stage: wait for ``import ray`` (or ``import vllm``) before loading anything heavy.
+"""Stdlib-only first stage: wait for ``import ray`` before loading anything heavy.
 
 ``import ray_runai_shim`` runs in drivers, every Ray worker, and (through a
 sitecustomize or ``.pth``) possibly every interpreter on an image. Importing
@@ -41,22 +41,17 @@ def _full_install() -> bool:
         return False
 
 
-#: The top-level packages whose import installs the shim: Ray, and vLLM in the processes of its
-#: own that never import Ray (its engine core and workers: the relay's readers, #36).
-WATCHED = ("ray", "vllm")
-
-
 class _RayWatcher:
-    """A meta-path finder that only watches for the top-level ``ray`` and ``vllm`` packages."""
+    """A meta-path finder that only watches for the top-level ``ray`` package."""
 
     busy = False
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Optional[Any]:
-        if fullname not in WATCHED or self.busy:
+        if fullname != "ray" or self.busy:
             return None
         self.busy = True
         try:
-            spec = importlib.util.find_spec(fullname)
+            spec = importlib.util.find_spec("ray")
         finally:
             self.busy = False
         loader = getattr(spec, "loader", None)
@@ -85,13 +80,15 @@ def remove_watcher() -> None:
     _watcher = None
 
 
-def activate() -> bool:
-    """Install now if Ray is imported, else on Ray's import. False if disabled."""
+def activate(now: bool = False) -> bool:
+    """Install now if Ray is imported (or *now*: a process that will never import Ray, whose
+    Ray-free patches must be in place when vLLM is imported), else on Ray's import. False if
+    disabled."""
     global _watcher, _wanted
     if disabled_by_env():
         return False
     _wanted = True
-    if any(name in sys.modules for name in WATCHED):
+    if now or "ray" in sys.modules:
         return _full_install()
     if _watcher is None:
         _watcher = _RayWatcher()

@@ -128,7 +128,10 @@ def create_engine_config(original: Callable[..., Any], instance: Any, args: tupl
             logger.info("ray-runai-shim: %d reader(s) on this node stream %s from the node relay %s (%s; pid %d)",
                         readers, uri, got.path, how, os.getpid())
     if not user_memory_limit(instance):
-        budget_quietly(config, readers, str(got.path) if got is not None and not got.live else uri)
+        if got is not None and got.live:  # the ranks read node memory: the local rule, figures from the store
+            budget_quietly(config, readers, uri, local=True)
+        else:
+            budget_quietly(config, readers, str(got.path) if got is not None else uri)
     return config
 
 
@@ -154,7 +157,8 @@ def ranks_read_as_it_lands() -> bool:
         return False
     if f"{VLLM_RUNAI_LOADER}.{READER_DOOR}" not in {name for _patch, name in registry.applied()}:
         return False
-    os.environ[settings.AUTOLOAD] = "1"  # inherited by vLLM's engine core and its workers
+    os.environ[settings.AUTOLOAD] = "1"  # inherited by vLLM's engine core and its workers, which
+    os.environ[settings.RELAY_READERS] = "1"  # then install the shim's Ray-free patches at start
     return True
 
 

@@ -56,7 +56,8 @@ def _checkpoint(weights: str, fs_and_path: FsAndPath) -> tuple[int, Callable[[],
     return listing.weight_bytes, lambda: headers.largest_remote(fs, keys)
 
 
-def set_budget(readers: int, weights: str, fs_and_path: FsAndPath = None) -> Optional[int]:
+def set_budget(readers: int, weights: str, fs_and_path: FsAndPath = None, local: Optional[bool] = None
+               ) -> Optional[int]:
     """Give this process's streamer (and the ranks it starts, which inherit the environment)
     its share of the node's memory for *readers* readers of *weights*; measured after the
     relay's copy is in place, so the copy and the buffers fit together. Readers of the relay's
@@ -65,7 +66,8 @@ def set_budget(readers: int, weights: str, fs_and_path: FsAndPath = None) -> Opt
     streamer's default (as without the shim: no request, no setting). Returns the limit set."""
     if readers < 2:
         return None
-    local = not is_remote_uri(weights)
+    if local is None:  # readers of a relay copy still being made: local, though its files are not all there
+        local = not is_remote_uri(weights)
     room = memory.room(Path("/dev/shm"))
     usable = room.usable()
     budget = memory.reader_budget(readers, usable)
@@ -128,9 +130,9 @@ def check_memory_limit(engine_args: Any) -> None:
             "and the shim shares the node's memory among its readers.")
 
 
-def budget_quietly(config: Any, readers: int, weights: str) -> None:
+def budget_quietly(config: Any, readers: int, weights: str, local: Optional[bool] = None) -> None:
     try:
-        budget = set_budget(readers, weights)
+        budget = set_budget(readers, weights, local=local)
         if budget is not None:
             budget_to_ranks(config, budget)
     except Exception:  # a budget not set must not stop the engine: the streamer's default stays

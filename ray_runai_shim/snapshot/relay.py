@@ -182,7 +182,10 @@ def sweep(base: Path, current: Optional[tuple[str, str, str]] = None) -> list[Pa
     recently used first), older versions of *current* ``(uri, store, key)``, half copies of dead
     fetchers. Returns the copies freed. One sweep at a time: one already running is waited for
     (it is short), since it may have seen a copy still held that this caller has just let go."""
-    guard = locks.flock_path(base / ".sweep", fcntl.LOCK_EX, deadline=time.monotonic() + SWEEP_WAIT_S)
+    try:
+        guard = locks.flock_path(base / ".sweep", fcntl.LOCK_EX, deadline=time.monotonic() + SWEEP_WAIT_S)
+    except FileNotFoundError:  # the last reader of another copy removed the empty directory: nothing to sweep
+        return []
     if guard is None:
         return []
     freed: list[Path] = []
@@ -308,22 +311,36 @@ def _wait_for_fetch(base: Path, key: str, uri: str) -> Optional[int]:
     """The key's fetch lock, waited for while the fetcher holding it makes progress; None
     after ``relay_copy.STALL_S`` without any (the caller streams)."""
     path = base / f".{key}.fetch"
-    started = last_move = told = time.monotonic()
-    last_seen = -1.0
+    started = told = time.monotonic()
+    watch = _Watch(base, key)
     while True:
         fd = locks.flock_path(path, fcntl.LOCK_EX, deadline=time.monotonic() + 0.5)
         if fd is not None:
             return fd
-        seen = _staging_activity(base, key)
-        now = time.monotonic()
-        if seen > last_seen:
-            last_seen, last_move = seen, now
-        if now - last_move >= relay_copy.STALL_S:
+        still = watch.still()
+        if still >= relay_copy.STALL_S:
             return None
+        now = time.monotonic()
         if now - told >= 30:
             told = now
             logger.info("ray-runai-shim: node relay: waiting %.0f s for another process on this node copying %s "
-                        "(its last write %.0f s ago)", now - started, uri, now - last_move)
+                        "(its last write %.0f s ago)", now - started, uri, still)
+
+
+class _Watch:
+    """When the copy of a key in progress last wrote anything (its files' mtimes move with every
+    write): a waiter waits while it moves, not on a fixed clock."""
+
+    def __init__(self, base: Path, key: str) -> None:
+        self.base, self.key = base, key
+        self.seen, self.moved = -1.0, time.monotonic()
+
+    def still(self) -> float:
+        """Seconds since the copy last moved."""
+        seen, now = _staging_activity(self.base, self.key), time.monotonic()
+        if seen > self.seen:
+            self.seen, self.moved = seen, now
+        return now - self.moved
 
 
 def _copy_dirs(base: Path, key: str) -> list[Path]:
@@ -451,7 +468,7 @@ def _start_or_join(base: Path, key: str, listing: Listing, opened: tuple, store_
                    use_fd: int, started: float) -> Optional[Relay]:
     """The pipelined relay: start the copy in a thread, or join the one another process makes
     (standing by to resume it). None when the copy failed moments ago or nothing moves."""
-    last_move, last_seen = time.monotonic(), -1.0
+    watch = _Watch(base, key)
     while True:
         if complete(final, listing):
             return Relay(final, key, listing.weight_bytes, False, time.monotonic() - started, use_fd)
@@ -482,11 +499,7 @@ def _start_or_join(base: Path, key: str, listing: Listing, opened: tuple, store_
             logger.info("ray-runai-shim: node relay: another process on this node copies %s; reading each range "
                         "as it lands", listing.uri)
             return relay
-        seen = _staging_activity(base, key)
-        now = time.monotonic()
-        if seen > last_seen:
-            last_seen, last_move = seen, now
-        if now - last_move >= relay_copy.STALL_S:
+        if watch.still() >= relay_copy.STALL_S:
             _stream_instead(f"the copy of {listing.uri} made no progress for {relay_copy.STALL_S:.0f} s")
             return None
         time.sleep(0.05)

@@ -16,6 +16,8 @@ from typing import Optional
 
 DISABLE = "RAY_RUNAI_SHIM_DISABLE"
 AUTOLOAD = "RAY_RUNAI_SHIM_AUTOLOAD"
+#: Set by an engine's process for its vLLM children: install the Ray-free patches at start.
+RELAY_READERS = "RAY_RUNAI_SHIM_RELAY_READERS"
 #: The file the wheel puts into site-packages: with AUTOLOAD=1, every interpreter loads the shim.
 AUTOLOAD_PTH = "ray_runai_shim_autoload.pth"
 CACHE_DIR = "RAY_RUNAI_SHIM_CACHE_DIR"

@@ -15,12 +15,11 @@ import logging
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from support import shm
+from support import overwrite, shm
 from support.fixtures import BUCKET
 from support.procs import base_env
 from support.proxy import CountingProxy
@@ -95,11 +94,17 @@ def finish(proc: subprocess.Popen) -> dict:
 
 
 def _marker_exists(relay_dir: Path) -> bool:
-    return any(relay_dir.rglob(relay_copy.MARKER))
+    try:
+        return any(relay_dir.rglob(relay_copy.MARKER))
+    except FileNotFoundError:  # the last reader removed the directory while we looked
+        return False
 
 
 def _live_record(relay_dir: Path):
-    lives = [p for p in relay_dir.rglob("*.live") if p.is_dir()]
+    try:
+        lives = [p for p in relay_dir.rglob("*.live") if p.is_dir()]
+    except FileNotFoundError:
+        return None
     return relay_progress.read_record_at(lives[0]) if lives else None
 
 
@@ -259,16 +264,8 @@ def test_an_object_overwritten_mid_copy_never_gives_a_reader_two_versions(s3, tm
     with CountingProxy(s3.port) as proxy:
         proxy.stall(shard, 2.0)  # the first range's reply pauses; the store's object changes meanwhile
 
-        def overwrite():
-            deadline = time.monotonic() + 30
-            while not (base.is_dir() and any(p.name.endswith(".live") for p in base.iterdir())):
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
-            time.sleep(0.5)
-            s3.client().upload_file(str(tmp_path / "new.safetensors"), BUCKET, f"{model['prefix']}/{shard}")
-
-        t = threading.Thread(target=overwrite)
-        t.start()
+        t = overwrite.when_copying(base, lambda: s3.client().upload_file(
+            str(tmp_path / "new.safetensors"), BUCKET, f"{model['prefix']}/{shard}"))
         try:
             with caplog.at_level(logging.WARNING, logger="ray_runai_shim"):
                 got = relay.acquire(model["uri"], lambda uri: (endpoint_s3_filesystem(False, proxy.endpoint),

@@ -14,13 +14,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from support import shm
+from support import overwrite, shm
 from support.fixtures import BUCKET
 from support.procs import base_env
 from support.proxy import CountingProxy
@@ -196,16 +194,8 @@ def test_an_object_overwritten_mid_copy_is_never_served(s3, relay_dir, monkeypat
         with CountingProxy(s3.port) as proxy:
             proxy.stall(shard, 2.0)  # the first range's reply pauses; the store's object changes meanwhile
 
-            def overwrite():
-                deadline = time.monotonic() + 30
-                while not (base.is_dir() and any(p.name.endswith(".live") for p in base.iterdir())):
-                    assert time.monotonic() < deadline
-                    time.sleep(0.02)
-                time.sleep(0.5)
-                s3.client().put_object(Bucket=BUCKET, Key=f"{model['prefix']}/{shard}", Body=new)
-
-            t = threading.Thread(target=overwrite)
-            t.start()
+            t = overwrite.when_copying(
+                base, lambda: s3.client().put_object(Bucket=BUCKET, Key=f"{model['prefix']}/{shard}", Body=new))
             try:
                 return relay.acquire(model["uri"], fs_for(proxy.endpoint))
             finally:
