@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
 from ..log import human_bytes, logger
+from .staging import read_json
 
 RECORD = ".progress.json"
 LOG_EVERY_S = 10.0
@@ -138,11 +139,11 @@ class Publisher:
                 "elapsed_s": round(elapsed, 1), "resumed_bytes": self.resumed, "why": self.why}
 
     def publish(self) -> None:
-        record = {"v": 1, "files": [list(f) for f in self.files], "done": self.done, "updated": time.time(),
-                  **self.figures()}
-        self.staging.write_atomic(PurePosixPath(RECORD), json.dumps(record).encode())
+        now = self.figures()
         with _figures_lock:
-            figures[self.uri] = self.figures()
+            figures[self.uri] = now
+        record = {"v": 1, "files": [list(f) for f in self.files], "done": self.done, "updated": time.time(), **now}
+        self.staging.write_atomic(PurePosixPath(RECORD), json.dumps(record).encode())
 
     def _tell(self) -> None:
         now = time.monotonic()
@@ -162,22 +163,11 @@ class Publisher:
             self.publish()
         except OSError:  # a directory that filled up: the readers see the fetcher gone and stream
             pass
-        with _figures_lock:
-            figures[self.uri] = self.figures()
 
 
 def read_record(dir_fd: int) -> Optional[dict]:
     """The record in the copy directory open as *dir_fd* (None: not written yet, or unreadable)."""
-    try:
-        fd = os.open(RECORD, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            data = json.loads(f.read(64 << 20))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json(RECORD, 64 << 20, dir_fd=dir_fd)
 
 
 def read_record_at(path: Path) -> Optional[dict]:

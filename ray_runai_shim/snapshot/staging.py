@@ -81,11 +81,12 @@ def staging_owner_alive(name: str) -> bool:
     return start is not None and (start == m["start"] or start == "0")
 
 
-def read_json(path: Path, limit: int) -> Optional[dict]:
-    """The JSON object in *path* (a manifest, a marker), read without following a symlink and
-    at most *limit* bytes; None when it is absent, unreadable or not an object."""
+def read_json(path: Path | str, limit: int, dir_fd: Optional[int] = None) -> Optional[dict]:
+    """The JSON object in *path* (a manifest, a marker, a progress record; relative to *dir_fd*
+    when given), read without following a symlink and at most *limit* bytes; None when it is
+    absent, unreadable or not an object."""
     try:
-        fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return None
     try:

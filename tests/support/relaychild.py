@@ -48,14 +48,12 @@ def stream_tensors(paths: list[str]) -> dict[str, str]:
     return out
 
 
-def live_tensors(tensors: Any, t0: float, result: dict[str, Any]) -> dict[str, str]:
+def live_tensors(tensors: Any) -> dict[str, str]:
     """Per-tensor sha256 of a copy in progress, read as it lands (vLLM's rank: relay_reader)."""
     import torch
 
     out = {}
     for name, tensor in tensors:
-        if not out:
-            result["first_tensor_s"] = time.monotonic() - t0
         out[name] = hashlib.sha256(tensor.contiguous().view(-1).view(dtype=torch.uint8).numpy().data).hexdigest()
         _trace(name)
     return out
@@ -108,8 +106,7 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
                     for name, tensor in streamer.get_tensors():
                         yield name, tensor.clone()
 
-            result["tensors"] = live_tensors(as_it_lands(live, streamer_iterator, (str(got.path), None), {}), t0,
-                                             result)
+            result["tensors"] = live_tensors(as_it_lands(live, streamer_iterator, (str(got.path), None), {}))
         else:
             result["tensors"] = stream_tensors(paths)
         result["ready_s"] = time.monotonic() - t0
