@@ -301,15 +301,18 @@ def mem_available(meminfo: Path = Path("/proc/meminfo")) -> int:
 
 
 def rss_bytes(pid: int) -> int:
-    """VmRSS of *pid* in bytes (0 once it is gone)."""
+    """The RSS of *pid* in bytes without its shared-memory pages (0 once it is gone): a reader's
+    tensors map the relay copy's pages, which the copy's own size already counts."""
+    fields = {}
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
+                if line.startswith(("VmRSS:", "RssShmem:")):
+                    name, value = line.split()[:2]
+                    fields[name] = int(value) * 1024
     except OSError:
         pass
-    return 0
+    return max(0, fields.get("VmRSS:", 0) - fields.get("RssShmem:", 0))
 
 
 class MemSampler:
@@ -355,19 +358,31 @@ class MemSampler:
 # -- one reader (this file in --child mode) ----------------------------------------------------
 
 def copy_tensors(paths: list[str]) -> dict[str, str]:
-    """What a reader does with each tensor: vLLM copies it into its parameter (a copy here, then
-    dropped). Returns each tensor's dtype and shape, for comparing readers."""
-    import torch
+    """What a vLLM rank does with each streamed tensor: its runai iterator clones it out of the
+    streamer's reused buffer (``runai_safetensors_weights_iterator``: ``tensor.clone()``), and
+    the weight loader copies that into its parameter (here a copy, then dropped). Returns each
+    tensor's dtype and shape, for comparing readers."""
     from runai_model_streamer import SafetensorsStreamer
 
-    out = {}
     with SafetensorsStreamer() as streamer:
         streamer.stream_files(paths)
-        for name, tensor in streamer.get_tensors():
-            param = torch.empty_like(tensor)
-            param.copy_(tensor)
-            out[name] = f"{tensor.dtype}:{tuple(tensor.shape)}"
-            del param
+        return copy_live((name, tensor.clone()) for name, tensor in streamer.get_tensors())
+
+
+def copy_live(tensors: Any) -> dict[str, str]:
+    """What a vLLM rank does with each tensor the relay's reader yields: each is already a tensor
+    of its own (read from node memory straight into it, in place of the clone), copied into its
+    parameter as above. The same work per tensor as vLLM does either way, so readers compare."""
+    import torch
+    from support import relaychild
+
+    out = {}
+    for name, tensor in tensors:
+        param = torch.empty_like(tensor)
+        param.copy_(tensor)
+        out[name] = f"{tensor.dtype}:{tuple(tensor.shape)}"
+        del param
+        relaychild._trace(name)  # the first-tensor time, as relaychild's own loads record it
     return out
 
 
@@ -437,9 +452,12 @@ def child_main(args: dict[str, Any]) -> None:
     from ray_runai_shim.integrations.relay_readers import readers_on_node, relay_wanted
     from ray_runai_shim.snapshot import relay  # noqa: F401
 
-    # --verify: relaychild's per-tensor sha256; else a copy per tensor. relaychild.main loads with it.
+    # --verify: relaychild's per-tensor sha256; else a copy per tensor (as vLLM copies it into its
+    # parameter), for streamed and live tensors alike. relaychild.main loads with these.
     load = relaychild.stream_tensors if args.get("verify") else copy_tensors
     relaychild.stream_tensors = load
+    if not args.get("verify"):  # the pipelined reader does what the streaming one does per tensor
+        relaychild.live_tensors = copy_live
     result_path = Path(args["result"])
     print(ARMED, flush=True)
     ready, _, _ = select.select([sys.stdin], [], [], ARM_TIMEOUT_S + float(args["deadline_s"]))
@@ -466,7 +484,9 @@ def child_main(args: dict[str, Any]) -> None:
     except Exception as e:  # one JSON file either way
         out["error"] = f"{type(e).__name__}: {e}"
     out["t_go"] = t_go
-    out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out["peak_rss_bytes"] = usage.ru_maxrss * 1024
+    out["cpu_s"] = round(usage.ru_utime + usage.ru_stime, 3)  # the whole process, imports included
     result_path.write_text(json.dumps(out))
     if "error" in out:
         sys.exit(1)
@@ -581,6 +601,7 @@ def measure(method: str, n: int, rate: float, model: dict[str, Any], proxy: Any,
             disk_bytes=dir_bytes(copy_dir), relay_left_bytes=dir_bytes(relay_dir),
             fetchers=sum(1 for r in results if r.get("fetched") or r.get("copied")),
             reader_peak_rss_bytes=[r["peak_rss_bytes"] for r in results],
+            reader_cpu_s=[r.get("cpu_s") for r in results],
             tensors=results[0]["tensors"], same_tensors=all(r["tensors"] == results[0]["tensors"] for r in results),
             first_tensor_s=[_round(r.get("first_tensor_s")) for r in results],
             follower_first_s=max((r["first_tensor_s"] for r in results if not (r.get("fetched") or r.get("copied"))

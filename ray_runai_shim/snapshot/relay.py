@@ -585,7 +585,10 @@ def _tidy(base: Path) -> None:
 
 
 def _unlink_if_free(path: Path) -> None:
-    fd = locks.flock_path(path, fcntl.LOCK_EX, deadline=time.monotonic())
+    try:
+        fd = locks.flock_path(path, fcntl.LOCK_EX, deadline=time.monotonic())
+    except FileNotFoundError:  # its directory is gone: another reader let go last and tidied it away
+        return
     if fd is not None:
         try:
             path.unlink(missing_ok=True)

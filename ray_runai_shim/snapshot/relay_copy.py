@@ -284,9 +284,9 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
     except BaseException as e:
         failure = _as_failure(e, base, listing)
         publisher.finish(relay_progress.FAILED, str(failure or e))
-        for out in outs:  # the bytes go now (the readers stream); the record stays while they look
-            try:
-                os.ftruncate(out.fileno(), 0)
+        for f in listing.weights:  # the bytes go as the readers let go (they stream); the record stays
+            try:  # unlinked, never truncated: a reader's tensors map these pages (relay_read)
+                staging.unlink(PurePosixPath(f.key))
             except OSError:
                 pass
         staging.close()

@@ -2,8 +2,9 @@
 
 A reader of a copy in progress (:func:`open_live`) follows the copy's progress record
 (:mod:`.relay_progress`): a safetensors header is parsed once its bytes are listed, and each
-tensor is read -- one ``preadv`` from node memory straight into a new tensor -- once every
-byte of it is listed, in the order the fetch lands them. The record lists a range only
+tensor is handed out once every byte of it is listed, in the order the fetch lands them, as
+a private mapping of the copy's pages (``MAP_PRIVATE``: no copy, and a reader that writes to
+its tensor writes to pages of its own, never to the node's copy). The record lists a range only
 after it was written and its object's identity read again unchanged, so no tensor is ever
 read from a range not yet whole, or of another version. Single-file checkpoints gain as much
 as sharded ones: the unit is the tensor, not the file.
@@ -67,6 +68,7 @@ class _File:
     key: str
     size: int
     fd: Optional[int] = None
+    mapped: Any = None  # the whole file, mapped private once its header is here
     tensors: Optional[list[_Tensor]] = None  # None until the header is on the node
     waiting_since: float = field(default_factory=time.monotonic)
 
@@ -109,6 +111,7 @@ class LiveCopy:
             if f.fd is not None:
                 os.close(f.fd)
                 f.fd = None
+            f.mapped = None  # unmapped when the last tensor on it goes (each holds a reference)
         if self._dir_fd >= 0:
             os.close(self._dir_fd)
             self._dir_fd = -1
@@ -171,6 +174,12 @@ class LiveCopy:
         return "the copy's end"
 
     def _open(self, f: _File) -> int:
+        try:
+            return self._open_file(f)
+        except FileNotFoundError:  # the copy failed and its files went: the record says so next
+            raise Unavailable(f"the copy's {f.key} is gone from this node", self.uri) from None
+
+    def _open_file(self, f: _File) -> int:
         if f.fd is None:
             parts = f.key.split("/")
             parent = self._dir_fd
@@ -201,7 +210,7 @@ class LiveCopy:
         taken = {id(t) for t in ready}
         f.tensors = [t for t in f.tensors if id(t) not in taken]
         for t in ready:
-            yield t.name, _read_tensor(f.fd, t)
+            yield t.name, _tensor(f, t)
 
 
 def _pread(fd: int, n: int, offset: int) -> bytes:
@@ -233,8 +242,27 @@ def _parse_header(raw: bytes, data_start: int, key: str, uri: str) -> list[_Tens
     return out
 
 
+def _tensor(f: _File, t: _Tensor) -> Any:
+    """One tensor over the copy's own pages: a private mapping, so no byte is copied until the
+    caller copies it into its parameter, and a write to it stays the caller's. The file is never
+    truncated under a mapping (a failed copy is unlinked: the pages live while mapped). A tensor
+    whose offset is not aligned to its dtype is read into memory of its own instead."""
+    import mmap
+
+    import torch
+
+    dtype = getattr(torch, t.dtype)
+    width = torch.empty((), dtype=dtype).element_size()
+    nbytes = t.end - t.begin
+    if not nbytes or t.begin % width or nbytes % width:
+        return _read_tensor(f.fd, t)
+    if f.mapped is None:
+        f.mapped = mmap.mmap(f.fd, f.size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    return torch.frombuffer(f.mapped, dtype=dtype, count=nbytes // width, offset=t.begin).reshape(t.shape)
+
+
 def _read_tensor(fd: int, t: _Tensor) -> Any:
-    """One tensor, read from node memory straight into a tensor of its own (no extra copy)."""
+    """One tensor, read from node memory straight into a tensor of its own."""
     import torch
 
     nbytes = t.end - t.begin

@@ -196,6 +196,14 @@ class Staging:
             raise FileNotFoundError(f"{rel} is not a regular file")
         return os.fdopen(fd, "r+b")
 
+    def unlink(self, rel: PurePosixPath) -> None:
+        """Remove the file at *rel* (gone already is fine). Whoever has it open or mapped keeps
+        reading it; its memory goes with the last of them."""
+        try:
+            os.unlink(rel.name, dir_fd=self._dir_fd(rel.parent))
+        except FileNotFoundError:
+            pass
+
     def write_atomic(self, rel: PurePosixPath, data: bytes) -> None:
         """*data* as *rel*, replacing it whole (a reader sees the old or the new, never half)."""
         parent = self._dir_fd(rel.parent)

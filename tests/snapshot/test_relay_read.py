@@ -230,6 +230,55 @@ def test_a_leader_killed_mid_copy_costs_only_what_was_not_yet_verified(s3, check
     assert not any(relay_dir.rglob("*.safetensors"))
 
 
+def test_tensors_a_reader_holds_outlive_a_failed_copy_and_writes_stay_its_own(s3, checkpoints, relay_dir,
+                                                                             monkeypatch):
+    """A reader's tensors are private mappings of the copy's pages: a write to one never reaches
+    the node's copy, and a copy that fails under the reader (its files go) leaves what the reader
+    holds whole. Control: the truncation a failed copy used to do kills a reader touching such a
+    tensor with SIGBUS."""
+    model = checkpoints["sharded"]
+    spans = _tensor_spans(model)
+    monkeypatch.setattr(relay_copy, "RANGE_BYTES", MIB)
+    monkeypatch.setattr(relay_copy, "RANGE_TRIES", 1)  # the stalled shard fails the copy at once
+    held: dict = {}
+    with CountingProxy(s3.port) as proxy:
+        proxy.stall("00002-of-00002.safetensors", 3.5, times=4)  # past pyarrow's 3 s request timeout
+        got = relay.acquire(model["uri"], lambda uri: (endpoint_s3_filesystem(False, proxy.endpoint),
+                                                       uri.split("://", 1)[1]), pipelined=True)
+        assert got is not None and got.live
+        live = relay_read.open_live(got.path)
+        copy = got.path.parent / relay_copy.live_name(got.path.name) / "model-00001-of-00002.safetensors"
+        try:
+            with pytest.raises(relay_read.Unavailable, match="the copy failed"):
+                for name, tensor in live.tensors():
+                    held[name] = tensor
+                    if name == "t0":
+                        _, b, e = spans["t0"]
+                        before = copy.read_bytes()[b:e]
+                        tensor.fill_(0)  # the reader's own pages now
+                        assert copy.read_bytes()[b:e] == before  # the node's copy is untouched
+            got.wait()
+        finally:
+            relay.release(got)
+    assert set(held) == {"t0", "t1", "t2"}  # the first shard's; the stalled one's never came
+    assert not any(relay_dir.rglob("*.safetensors"))  # the failed copy's files are gone ...
+    assert {k: _digest(held[k]) for k in ("t1", "t2")} == {k: model["tensors"][k] for k in ("t1", "t2")}  # ... yet
+    assert not held["t0"].any()  # what the reader wrote stays its own
+
+    # Control: a mapped tensor whose file is truncated under it, as failed copies once were.
+    probe = (
+        "import os, sys, tempfile, torch\n"
+        "from ray_runai_shim.snapshot import relay_read as r\n"
+        "fd, path = tempfile.mkstemp(dir='/dev/shm'); os.unlink(path)\n"
+        "os.write(fd, bytes(1 << 20))\n"
+        "t = r._tensor(r._File('f', 1 << 20, fd=fd), r._Tensor('x', 'float32', (1 << 18,), 0, 1 << 20))\n"
+        "os.ftruncate(fd, 0)\n"
+        "print(float(t.sum()))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                          env=base_env({}))
+    assert done.returncode == -signal.SIGBUS, (done.returncode, done.stderr[-2000:])
+
+
 def _store_iterator(s3, model: dict):
     """vLLM's own iterator, as the rank falls back to it: the real streamer on the store."""
 

@@ -112,6 +112,31 @@ def test_a_reader_killed_with_sigkill_leaves_no_copy_past_the_next_use(s3, two_m
     assert not (relay_dir / f"ray-runai-shim-relay-{os.getuid()}").exists()  # nothing left, not even locks
 
 
+def test_two_readers_letting_go_at_once_both_return(s3, two_models, relay_dir, monkeypatch):
+    """The last two readers of a copy release together: one sweeps and tidies the directory
+    away while the other is between its sweep and its tidy. Both return; nothing is left."""
+    a, _ = two_models
+    first = relay.acquire(a["uri"], fs_for(s3.endpoint))
+    second = relay.acquire(a["uri"], fs_for(s3.endpoint))
+    assert first is not None and second is not None and first.path == second.path
+    base = first.path.parent
+    assert relay.release(first) is False  # the second still holds it
+    real_sweep = relay.sweep
+
+    def other_reader_tidies_meanwhile(*args, **kwargs):
+        freed = real_sweep(*args, **kwargs)
+        (base / ".sweep").unlink(missing_ok=True)  # what the other reader's _tidy does, first
+        base.rmdir()
+        return freed
+
+    monkeypatch.setattr(relay, "sweep", other_reader_tidies_meanwhile)
+    assert relay.release(second) is True
+    assert not base.exists()
+    # Control: the lock file the tidy used to open unguarded cannot be made in a directory gone.
+    with pytest.raises(FileNotFoundError):
+        locks.flock_path(base / ".sweep", __import__("fcntl").LOCK_EX, deadline=0)
+
+
 def _doctor_stub() -> dict:
     return {"versions": {}, "plan": {"ray": None, "why": "", "patches": []},
             "this_process": {"installed": False}, "workers": "", "environment": {},
