@@ -43,7 +43,14 @@ from .relay_budget import (
     loader_extra,
     user_memory_limit,
 )
-from .relay_readers import engines_per_node, ranks_all_here, readers_on_node, relay_wanted, stage_engines
+from .relay_readers import (
+    engines_per_node,
+    ranks_all_here,
+    readers_on_node,
+    relay_for_the_cluster,
+    relay_wanted,
+    stage_engines,
+)
 
 RELAYED_FORMATS = ("runai_streamer",)
 READER_DOOR = "RunaiModelStreamerLoader._get_weights_iterator"
@@ -107,7 +114,8 @@ def create_engine_config(original: Callable[..., Any], instance: Any, args: tupl
     readers = readers_on_node(instance)
     os.environ.setdefault(REQUEST_TIMEOUT, REQUEST_TIMEOUT_MS)  # inherited by the engine core and its ranks
     got = None
-    if not relay_wanted(readers):
+    cluster = relay_for_the_cluster(readers, ranks_read_as_it_lands(arm=False))
+    if not (relay_wanted(readers) or cluster):
         _decided(f"{readers} reader(s) on this node: stream {uri} from the store (relay {node_relay.mode()})")
     elif not ranks_all_here(instance):
         _decided(f"the ranks of this engine may run on other nodes: each streams {uri} from the store")
@@ -121,7 +129,8 @@ def create_engine_config(original: Callable[..., Any], instance: Any, args: tupl
         else:
             how = ("its ranks read each range as it lands" if got.live else
                    "the copy is whole" if pipelined else "its ranks wait for the whole copy")
-            _decided(f"{readers} reader(s) on this node: {uri} relayed through {got.path} ({how})")
+            why = "shared with the cluster's other nodes" if cluster else f"{readers} reader(s) on this node"
+            _decided(f"{why}: {uri} relayed through {got.path} ({how})")
             object.__setattr__(model_config, "model_weights", got.uri)
             with _lock:
                 _held.append(got)
@@ -142,13 +151,13 @@ def _autoload_installed() -> bool:
     return any(os.path.isfile(os.path.join(d, settings.AUTOLOAD_PTH)) for d in dirs)
 
 
-def ranks_read_as_it_lands() -> bool:
+def ranks_read_as_it_lands(arm: bool = True) -> bool:
     """The ranks will read a copy in progress as it lands: this vLLM's runai loader has the
     door the shim wraps (:mod:`.relay_reader`) and vLLM's engine core and workers, started from
     this process, load the shim at interpreter start: the wheel's autoload ``.pth`` is
     installed and ``RAY_RUNAI_SHIM_AUTOLOAD=1`` is set here for them (unless the user set it
     to something else). Otherwise the relay hands over only a whole copy: a rank without the
-    shim finds no files, never a half copy."""
+    shim finds no files, never a half copy. *arm* False: only say whether they would."""
     if not PIPELINE or os.environ.get(settings.AUTOLOAD, "1") != "1" or not _autoload_installed():
         return False
     try:
@@ -157,6 +166,8 @@ def ranks_read_as_it_lands() -> bool:
         return False
     if f"{VLLM_RUNAI_LOADER}.{READER_DOOR}" not in {name for _patch, name in registry.applied()}:
         return False
+    if not arm:
+        return True
     os.environ[settings.AUTOLOAD] = "1"  # inherited by vLLM's engine core and its workers, which
     os.environ[settings.RELAY_READERS] = "1"  # then install the shim's Ray-free patches at start
     return True

@@ -13,6 +13,7 @@ import sys
 from typing import Any, Optional
 
 from ..snapshot import relay as node_relay
+from ..snapshot import relay_cluster
 from ..tables import settings
 
 
@@ -96,3 +97,10 @@ def ranks_all_here(engine_args: Any) -> bool:
 def relay_wanted(readers: int) -> bool:
     mode = node_relay.mode()
     return mode == "on" or (mode == "auto" and readers >= 2)
+
+
+def relay_for_the_cluster(readers: int, pipelined: bool) -> bool:
+    """One reader on the node, yet relayed: in a Ray cluster of two or more nodes the node copy
+    is how nodes take the weights from each other (:mod:`..snapshot.relay_cluster`). Only where
+    the ranks read the copy as it lands: one reader waiting for a whole copy would lose time."""
+    return readers < 2 and pipelined and node_relay.mode() == "auto" and relay_cluster.wanted()

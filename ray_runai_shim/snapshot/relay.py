@@ -50,7 +50,7 @@ from typing import Any, Optional
 from ..log import human_bytes, logger
 from ..stores.endpoint import principal
 from ..tables import settings
-from . import locks, memory, relay_copy, relay_progress
+from . import locks, memory, relay_cluster, relay_copy, relay_progress
 from .fetch import (
     FsAndPath,
     Listing,
@@ -444,7 +444,8 @@ def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Opt
                     else:
                         shutil.rmtree(final, ignore_errors=True)  # a broken copy under this key
                         try:
-                            copy_weights(listing, fs, prefix, store, store_key, base, key, final)
+                            copy_weights(listing, fs, prefix, store, store_key, base, key, final,
+                                         share=_share(base, key, listing))
                             fetched = True
                         except CopyFailed as e:
                             _note_failure(base, key, str(e))
@@ -520,9 +521,10 @@ def _fetch(relay: Relay, base: Path, key: str, listing: Listing, opened: tuple, 
     fs, prefix, store = opened
     t0 = time.monotonic()
     try:
-        copied = copy_weights(listing, fs, prefix, store, store_key, base, key, relay.path)
-        logger.info("ray-runai-shim: node relay: fetched %s of weights from %s in %.2f s", human_bytes(copied),
-                    listing.uri, time.monotonic() - t0)
+        copied = copy_weights(listing, fs, prefix, store, store_key, base, key, relay.path,
+                              share=_share(base, key, listing))
+        logger.info("ray-runai-shim: node relay: copied %s of weights of %s in %.2f s (%s of it from the store)",
+                    human_bytes(listing.weight_bytes), listing.uri, time.monotonic() - t0, human_bytes(copied))
     except CopyFailed as e:
         _note_failure(base, key, str(e))
         _stream_instead(str(e))
@@ -535,6 +537,17 @@ def _fetch(relay: Relay, base: Path, key: str, listing: Listing, opened: tuple, 
         if relay._fd is None:  # every reader here loaded before the copy ended: free it if no one holds it
             sweep(base)
             _tidy(base)
+
+
+def _share(base: Path, key: str, listing: Listing) -> Optional[Any]:
+    """This node's part in the cluster's one store read (:mod:`.relay_cluster`), if any."""
+    def room() -> int:  # the node's memory beyond the copy itself: the source's objects take as much again
+        try:
+            return memory.room(base).usable()
+        except OSError:
+            return 0
+
+    return relay_cluster.join(key, listing.uri, listing.weight_bytes, room)
 
 
 def _stand_by(relay: Relay, base: Path, key: str, listing: Listing, opened: tuple, store_key: str) -> None:

@@ -181,12 +181,16 @@ def _data_start(fd: int, f: Any) -> int:
 
 
 def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: str, base: Path, key: str,
-                 final: Path) -> int:
+                 final: Path, share: Optional[Any] = None) -> int:
     """Every weight object of *listing* into the copy's directory, in ranges read in parallel,
     pinned to the listed versions, each range published for the readers once verified
     (:mod:`.relay_progress`); renamed to *final* once whole. A copy a killed fetcher left is
     resumed from its verified ranges. Raises :class:`CopyFailed` (the record says so to the
-    readers, the bytes are freed) for what the relay cannot help."""
+    readers, the bytes are freed) for what the relay cannot help.
+
+    *share* (:mod:`.relay_cluster`): as the cluster's source, every verified range is also put
+    into Ray's object store; as a peer, the ranges come from the source's node first, and what
+    they do not bring is read from the store. Returns the bytes read from the store."""
     files = [(f.key, f.size) for f in listing.weights]
     staging, done = _open_copy_dir(base, key, listing.uri, files)
     opened: list[tuple[Any, Any, Any]] = []  # (object, source, file) of the objects still to copy
@@ -201,12 +205,15 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
                         listing.uri, human_bytes(publisher.bytes_done), human_bytes(publisher.total))
         for f in listing.weights:
             try:
-                out = _data_file(staging, f.key, f.size, done is not None)
+                outs.append(_data_file(staging, f.key, f.size, done is not None))
             except OSError as e:
                 if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
                     raise CopyFailed(full_message(base, listing.weight_bytes)) from e
                 raise
-            outs.append(out)
+        if share is not None and share.role == "peer":
+            share.pull(publisher, {f.key: out.fileno() for f, out in zip(listing.weights, outs)})
+        from_peer = publisher.bytes_done - publisher.resumed
+        for f, out in zip(listing.weights, outs):
             if relay_progress.covers(publisher.done[f.key], 0, f.size):
                 continue
             src = fs.open_input_file(f"{prefix}/{f.key}")  # random access: ranged GETs, bytes as stored
@@ -259,12 +266,13 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
                             f, src, out = then.pop(fut)
                             have = relay_progress.add(publisher.done[f.key], 0, min(HEAD_BYTES, f.size))
                             pending.update(pool.submit(copy, job) for job in rest(f, src, out, have))
-                    _verify(publisher, listing, fs, prefix, store, every=False)
+                    _verify(publisher, listing, fs, prefix, store, every=False, share=share, outs=outs)
             except BaseException:
                 for fut in pending:
                     fut.cancel()
                 raise
-        _verify(publisher, listing, fs, prefix, store, every=True)  # the pin's other end: all, after the last range
+        # the pin's other end: every object's identity, after the last range
+        _verify(publisher, listing, fs, prefix, store, every=True, share=share, outs=outs)
         got = publisher.bytes_done
         if got != listing.weight_bytes:
             raise CopyFailed(f"the copy of {listing.uri} ended with {got} of {listing.weight_bytes} bytes verified")
@@ -280,10 +288,14 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
         with staging.create(PurePosixPath(MARKER), mode=0o600) as out:
             out.write(json.dumps(marker).encode())
         staging.commit(final)
-        return got - publisher.resumed
+        if share is not None:
+            share.finish(True)
+        return got - publisher.resumed - from_peer
     except BaseException as e:
         failure = _as_failure(e, base, listing)
         publisher.finish(relay_progress.FAILED, str(failure or e))
+        if share is not None:
+            share.finish(False)
         for f in listing.weights:  # the bytes go as the readers let go (they stream); the record stays
             try:  # unlinked, never truncated: a reader's tensors map these pages (relay_read)
                 staging.unlink(PurePosixPath(f.key))
@@ -318,10 +330,24 @@ def _as_failure(e: BaseException, base: Path, listing: Listing) -> Optional[Copy
     return None
 
 
+def _reader(listing: Listing, outs: list[Any]) -> Any:
+    """Read a range back from the copy's file (what the cluster's source puts for other nodes)."""
+    fds = {f.key: out.fileno() for f, out in zip(listing.weights, outs)}
+
+    def read(key: str, off: int, length: int) -> bytes:
+        data = os.pread(fds[key], length, off)
+        if len(data) != length:
+            raise OSError(f"a short read of the node copy ({len(data)} of {length} bytes)")
+        return data
+
+    return read
+
+
 def _verify(publisher: relay_progress.Publisher, listing: Listing, fs: Any, prefix: str, store: Any,
-            every: bool) -> None:
+            every: bool, share: Optional[Any] = None, outs: Optional[list[Any]] = None) -> None:
     """Publish the ranges written so far once their objects' identities, read now, are still the
-    pinned ones (*every*: read every object's, the copy's last check). CopyFailed on a change."""
+    pinned ones (*every*: read every object's, the copy's last check), and offer them to the
+    cluster (*share*). CopyFailed on a change."""
     written = publisher.take_written()
     if not written and not every:
         return
@@ -331,6 +357,8 @@ def _verify(publisher: relay_progress.Publisher, listing: Listing, fs: Any, pref
             if f.identity and seen != f.identity:
                 raise _changed(listing.uri, f.key, f.identity, seen)
     publisher.verified(written)
+    if share is not None and share.role == "source":  # for other nodes, once one asks
+        share.offer(publisher, _reader(listing, outs or []))
 
 
 def full_message(base: Path, nbytes: int) -> str:

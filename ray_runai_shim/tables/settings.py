@@ -25,6 +25,7 @@ LOCK_TIMEOUT = "RAY_RUNAI_SHIM_LOCK_TIMEOUT"
 HANDOFF = "RAY_RUNAI_SHIM_HANDOFF"
 RELAY = "RAY_RUNAI_SHIM_RELAY"  # auto | on | off: the node relay (one store read per node)
 RELAY_DIR = "RAY_RUNAI_SHIM_RELAY_DIR"  # where relay copies live (default: /dev/shm)
+CLUSTER_RELAY = "RAY_RUNAI_SHIM_CLUSTER_RELAY"  # auto | off: node relays take the weights from each other
 RELAY_KEEP = "RAY_RUNAI_SHIM_RELAY_KEEP"  # bytes a copy may keep after the last load (default 0)
 NODE_ENGINES = "RAY_RUNAI_SHIM_NODE_ENGINES"  # engines of one model planned per node (default: 1)
 CHAINED_SETUP_HOOK = "RAY_RUNAI_SHIM_CHAINED_SETUP_HOOK"  # the user's own worker setup hook, run after ours

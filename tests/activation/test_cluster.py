@@ -126,6 +126,9 @@ def test_the_pipelines_stage_on_the_second_node_streams(s3, models, sandbox):
     assert len(rows) == 4 and all(r["generated_tokens"] for r in rows)
     calls = sandbox.engine_calls()
     [shim_dir] = sandbox.shim_dirs()
-    assert calls and all(c["model"] == str(shim_dir) and c["model_weights"] == model.uri for c in calls)
+    # vLLM streams the URI, or (#37: one reader, but a cluster of two nodes) the node relay's copy of
+    # it, read as it lands, that other nodes could take from this one
+    assert calls and all(c["model"] == str(shim_dir) for c in calls)
+    assert all(c["model_weights"] == model.uri or "/ray-runai-shim-relay-" in c["model_weights"] for c in calls)
     assert sandbox.weight_bytes_on_disk(model) == [] and not any(cluster.root.rglob("*.safetensors"))
     assert "/runtime_resources/py_modules_files/" in logs or re.search(r"ray-runai-shim: (fetched|reused)", logs)

@@ -1,0 +1,92 @@
+"""#37 end to end: Ray Data's vLLM stage at ``concurrency=2`` with one engine on each of two
+nodes of a real ``ray start`` cluster (each node with its own HOME, TMPDIR and relay directory),
+the real vLLM CPU engine, the bucket behind the counting proxy. With the cluster relay the
+second node takes the weights from the first through Ray's object store: the cluster reads the
+store once. Control: the cluster relay off, each node reads the store (2 x S).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from support.cluster import RayCluster
+from support.fixtures import make_sandbox
+from support.procs import REPO
+from support.proxy import CountingProxy
+
+pytestmark = [pytest.mark.engine, pytest.mark.ray]
+MODEL = "tiny-sharded"
+
+
+def run_on_two_nodes(s3, model, setting: str) -> dict:
+    root = Path(tempfile.mkdtemp(prefix=f"rrs-cr{setting[:2]}-", dir="/tmp"))
+    sandbox = make_sandbox(s3, root)
+    try:
+        with CountingProxy(s3.port) as proxy:
+            sandbox.env.update(AWS_ENDPOINT_URL=proxy.endpoint, AWS_ENDPOINT_URL_S3=proxy.endpoint,
+                               RAY_RUNAI_SHIM_CLUSTER_RELAY=setting)
+            with RayCluster(sandbox.env, root=root / "cluster") as cluster:
+                nodes = []
+                for i, start in enumerate((cluster.start_head, cluster.add_node)):
+                    node = root / f"node{i}"
+                    for sub in ("home", "tmp", "relay"):
+                        (node / sub).mkdir(parents=True)
+                    nodes.append(node)
+                    start('--resources={"fake_accel": 1}', "--num-cpus=2" if i == 0 else "--num-cpus=1",
+                          "--num-gpus=0", "--object-store-memory=200000000",
+                          env={"HOME": str(node / "home"), "TMPDIR": str(node / "tmp"),
+                               "RAY_RUNAI_SHIM_RELAY_DIR": str(node / "relay")})
+                out = root / "rows.json"
+                proc = subprocess.run(
+                    [sys.executable, str(REPO / "examples" / "stream_from_s3.py"), model.uri, "--cpu",
+                     "--address", cluster.address, "--concurrency", "2", "--json", str(out)],
+                    env=sandbox.env, cwd=str(root), capture_output=True, text=True, timeout=900)
+                logs = "\n".join(p.read_text(errors="replace")
+                                 for p in (root / "cluster").glob("t/session_2*/logs/worker-*"))
+                assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}\n{logs[-6000:]}"
+                spilled = [str(p) for p in (root / "cluster").rglob("*") if "spill" in p.name]
+            weights = proxy.body_bytes(".safetensors")
+        return {"rows": json.loads(out.read_text())["rows"], "store_weight_bytes": weights, "logs": logs,
+                "spilled": spilled, "weights_on_disk": sandbox.weight_bytes_on_disk(model),
+                "left_in_relay_dirs": [str(p) for n in nodes for p in (n / "relay").rglob("*")],
+                "engine_calls": sandbox.engine_calls()}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def runs(s3, models):
+    model = models[MODEL]
+    return {"size": sum((model.local / w).stat().st_size for w in model.weights),
+            "auto": run_on_two_nodes(s3, model, "auto"), "off": run_on_two_nodes(s3, model, "off")}
+
+
+def tokens(run: dict) -> dict:
+    return {r["prompt"]: r["generated_tokens"] for r in run["rows"]}
+
+
+def test_two_nodes_read_the_store_once(runs):
+    run = runs["auto"]
+    assert run["store_weight_bytes"] <= 1.1 * runs["size"], (run["store_weight_bytes"], runs["size"])
+    assert "shares it with the other nodes through Ray's object store" in run["logs"]
+    assert "cluster relay: taking s3://" in run["logs"]
+    assert "1 reader(s) on this node stream s3://" in run["logs"] and "from the node relay" in run["logs"]
+
+
+def test_control_with_the_cluster_relay_off_each_node_reads_the_store(runs):
+    assert runs["off"]["store_weight_bytes"] >= 2 * runs["size"]
+    assert "cluster relay" not in runs["off"]["logs"]
+
+
+def test_the_same_greedy_tokens_no_weight_byte_on_disk_or_spilled_and_clean_relay_dirs(runs):
+    assert len(tokens(runs["auto"])) == 4 and all(tokens(runs["auto"]).values())
+    assert tokens(runs["auto"]) == tokens(runs["off"])
+    for run in (runs["auto"], runs["off"]):
+        assert run["weights_on_disk"] == [] and run["spilled"] == []
+        assert run["left_in_relay_dirs"] == []

@@ -1,0 +1,225 @@
+"""One store read per Ray cluster: the second node's relay takes the weights from the first
+through Ray's object store, as they arrive.
+
+A real two-node cluster (``ray start``; each node with its own HOME, TMPDIR and relay
+directory: no memory-backed dir is shared), one reader per node in a Ray task pinned to that
+node (the node relay, then what vLLM's rank does with a copy in progress), a real S3 server
+(moto) behind the counting, rate-limiting proxy. Control: the same with the cluster relay off,
+where every node reads the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+from support.cluster import RayCluster
+from support.fixtures import BUCKET
+from support.procs import base_env, run_python
+from support.proxy import CountingProxy
+
+from ray_runai_shim.snapshot import relay_cluster
+
+MIB = 1 << 20
+
+DRIVER = r"""
+import json, logging, os, time
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+ray.init(address={address!r}, logging_level=logging.WARNING)
+
+
+@ray.remote(num_cpus=0)
+def read(uri, endpoint, weights):
+    import hashlib, logging, os, time
+    import torch
+    from ray_runai_shim.snapshot import relay, relay_read
+    from ray_runai_shim.stores.endpoint import endpoint_s3_filesystem
+
+    said = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            said.append(f"{{record.levelname}} {{record.getMessage()}}")
+
+    log = logging.getLogger("ray.runai_shim")
+    log.addHandler(Keep())
+    log.setLevel(logging.INFO)
+    t0 = time.monotonic()
+    got = relay.acquire(uri, lambda u: (endpoint_s3_filesystem(False, endpoint), u.split("://", 1)[1]),
+                        pipelined=True)
+    digests = {{}}
+    if got is not None:
+        live = relay_read.open_live(got.path) if got.live else None
+        if live is not None:
+            tensors = live.tensors()
+        else:
+            from safetensors.torch import load_file
+            tensors = ((k, v) for w in weights for k, v in load_file(str(got.path / w)).items())
+        for name, t in tensors:
+            digests[name] = hashlib.sha256(t.contiguous().view(-1).view(dtype=torch.uint8).numpy().tobytes()).hexdigest()
+        got.wait()
+        relay.release(got)
+    return {{"node": ray.get_runtime_context().get_node_id(), "relayed": got is not None,
+            "fetched": bool(got and got.fetched), "tensors": digests, "said": said,
+            "ready_s": time.monotonic() - t0, "relay_dir": os.environ.get("RAY_RUNAI_SHIM_RELAY_DIR")}}
+
+
+nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+assert len(nodes) == 2, nodes
+refs = [read.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(
+    {uri!r}, {endpoint!r}, {weights!r}) for n in nodes]
+out = {{"readers": ray.get(refs, timeout=600)}}
+try:
+    reg = ray.get_actor({name!r}, namespace={namespace!r})
+    out["registry"] = ray.get(reg.status.remote())
+except ValueError:
+    out["registry"] = None
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def _digest(t) -> str:
+    import torch
+
+    return hashlib.sha256(t.contiguous().view(-1).view(dtype=torch.uint8).numpy().tobytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def model(s3, models, tmp_path_factory):
+    """Two shards of float32 tensors, 24 MiB in all."""
+    import torch
+    from safetensors.torch import save_file
+
+    tmp = tmp_path_factory.mktemp("cluster-model")
+    g = torch.Generator().manual_seed(37)
+    want, client, prefix = {}, s3.client(), "cluster/two"
+    shards = {f"model-0000{i + 1}-of-00002.safetensors": {f"s{i}.t{j}": (1024, 1024) for j in range(3)}
+              for i in range(2)}
+    for name, spec in shards.items():
+        tensors = {k: torch.randn(*shape, generator=g) for k, shape in spec.items()}
+        save_file(tensors, str(tmp / name))
+        want.update({k: _digest(t) for k, t in tensors.items()})
+        client.upload_file(str(tmp / name), BUCKET, f"{prefix}/{name}")
+    client.put_object(Bucket=BUCKET, Key=f"{prefix}/config.json", Body=b"{}")
+    return {"uri": f"s3://{BUCKET}/{prefix}", "weights": sorted(shards), "tensors": want,
+            "bytes": sum((tmp / n).stat().st_size for n in shards)}
+
+
+# --------------------------------------------------------------------------- the registry's rules
+
+
+def test_the_registry_names_one_source_and_lets_peers_take_its_ranges(monkeypatch):
+    reg = relay_cluster.Registry()
+    assert reg.claim("k", "node-a") == {"role": "source"}
+    assert reg.claim("k", "node-b") == {"role": "peer", "source": "node-a"}
+    assert reg.claim("k", "node-a") == {"role": "source"}  # the node's next fetcher resumes its copy
+    reg.offer("k", [("w", 0, 8, ["ref0"])])
+    assert reg.ranges("k", 0, 0.0) == ([("w", 0, 8, ["ref0"])], "copying", "")
+    assert reg.ranges("k", 1, 0.05) == ([], "copying", "")  # nothing new yet: waited, then said so
+    reg.finish("k", "node-a", True)
+    assert reg.ranges("k", 1, 0.0) == ([], "done", "")
+    assert reg.claim("k", "node-c")["role"] == "peer"  # a node that comes later still finds the ranges
+    assert reg.status()[0]["bytes"] == 8
+
+
+def test_a_source_that_stops_tells_its_peers_why_and_the_next_node_copies(monkeypatch):
+    reg = relay_cluster.Registry()
+    reg.claim("k", "node-a")
+    reg.claim("k", "node-b")
+    reg.offer("k", [("w", 0, 8, ["ref0"])])
+    reg.finish("k", "node-a", False, "it does not fit")
+    assert reg.ranges("k", 0, 0.0) == ([], "failed", "it does not fit")  # its objects are let go at once
+    assert reg.claim("k", "node-c") == {"role": "source"}
+
+
+def test_a_silent_source_is_replaced_and_finished_models_are_let_go(monkeypatch):
+    monkeypatch.setattr(relay_cluster, "PULL_STALL_S", 0.05)
+    monkeypatch.setattr(relay_cluster, "LINGER_S", 0.1)
+    reg = relay_cluster.Registry()
+    reg.claim("k", "node-a")
+    import time
+
+    time.sleep(0.1)
+    assert reg.claim("k", "node-b") == {"role": "source"}  # node-a put nothing for PULL_STALL_S
+    reg.claim("k", "node-c")
+    reg.finish("k", "node-b", True)
+    assert reg.status()[0]["state"] == "done"
+    reg.finish("k", "node-c", True)  # every peer has its copy: LINGER_S later, nothing is held
+    deadline = time.monotonic() + 5
+    while reg.status() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert reg.status() == []
+
+
+def test_without_ray_in_the_process_nothing_is_shared():
+    proc = run_python("import sys\nfrom ray_runai_shim.snapshot import relay_cluster as c\n"
+                      "print(c.wanted(), c.join('k', 's3://b/m', 1, lambda: 1 << 40), 'ray' in sys.modules)",
+                      env=base_env({}), timeout=120)
+    assert proc.stdout.split() == ["False", "None", "False"], (proc.stdout, proc.stderr[-2000:])
+
+
+# --------------------------------------------------------------------------- two real nodes
+
+
+def _files_under(path: Path, suffixes: tuple[str, ...] = ()) -> list[str]:
+    if not path.exists():
+        return []
+    return [str(p) for p in path.rglob("*") if p.is_file() and (not suffixes or p.name.endswith(suffixes))]
+
+
+def _run_two_nodes(s3, model: dict, tmp_path: Path, setting: str) -> tuple[dict, int, list[Path]]:
+    with CountingProxy(s3.port, rate=4 * MIB) as link:  # 24 MiB at 4 MiB/s: the copy takes ~6 s
+        env = base_env({**s3.env(), "AWS_ENDPOINT_URL": link.endpoint, "AWS_ENDPOINT_URL_S3": link.endpoint,
+                        relay_cluster.CLUSTER_RELAY: setting})
+        with RayCluster(env) as cluster:
+            dirs = []
+            for i, start in enumerate((cluster.start_head, cluster.add_node)):
+                node = cluster.root / f"node{i}"
+                for sub in ("home", "tmp", "relay"):
+                    (node / sub).mkdir(parents=True)
+                dirs.append(node)
+                start("--num-cpus=1", "--num-gpus=0", "--object-store-memory=300000000",
+                      env={"HOME": str(node / "home"), "TMPDIR": str(node / "tmp"),
+                           "RAY_RUNAI_SHIM_RELAY_DIR": str(node / "relay")})
+            code = DRIVER.format(address=cluster.address, uri=model["uri"], endpoint=link.endpoint,
+                                 weights=model["weights"], name=relay_cluster.NAME, namespace=relay_cluster.NAMESPACE)
+            proc = run_python(code, env=env, timeout=900)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            assert proc.returncode == 0 and lines, (proc.stdout[-3000:], proc.stderr[-5000:])
+            result = json.loads(lines[-1][len("RESULT "):])
+            spilled = _files_under(cluster.root / "t")  # Ray's temp dir: its spill files would be here
+            result["spilled"] = [p for p in spilled if "spill" in p]
+            weights = link.body_bytes(".safetensors")
+    return result, weights, dirs
+
+
+def test_the_second_node_takes_the_weights_from_the_first_through_ray(s3, model, tmp_path):
+    result, weights, dirs = _run_two_nodes(s3, model, tmp_path, "auto")
+    readers = result["readers"]
+    assert all(r["tensors"] == model["tensors"] for r in readers)  # the exact model on both nodes
+    assert [r["relayed"] for r in readers] == [True, True]
+    assert len({r["relay_dir"] for r in readers}) == 2  # two nodes, two relay directories
+    said = "\n".join(line for r in readers for line in r["said"])
+    assert "this node reads" in said and "shares it with the other nodes" in said, said
+    assert "taking s3://" in said and "through Ray's object store" in said, said
+    assert "WARNING" not in said, said
+    assert model["bytes"] <= weights <= 1.1 * model["bytes"], weights / model["bytes"]  # one store read for two nodes
+    assert result["spilled"] == []  # not a byte spilled to disk
+    for node in dirs:  # nothing on any node's disk, and each relay directory is clean after the loads
+        assert _files_under(node / "home", (".safetensors",)) == []
+        assert _files_under(node / "tmp", (".safetensors",)) == []
+        assert _files_under(node / "relay") == []
+
+
+def test_control_with_the_cluster_relay_off_every_node_reads_the_store(s3, model, tmp_path):
+    result, weights, _dirs = _run_two_nodes(s3, model, tmp_path, "off")
+    readers = result["readers"]
+    assert all(r["tensors"] == model["tensors"] for r in readers)
+    assert weights >= 1.9 * model["bytes"], weights / model["bytes"]
+    assert result["registry"] is None
+    assert os.environ.get(relay_cluster.CLUSTER_RELAY) is None
