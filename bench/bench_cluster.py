@@ -137,16 +137,24 @@ def dir_bytes(path: Path) -> int:
     return total
 
 
-def measure(method: str, m: int, n: int, model: dict, proxy: CountingProxy, store_env: dict[str, str],
-            workdir: Path) -> dict[str, Any]:
+def measure(method: str, m: int, n: int, model: dict, proxy: CountingProxy, store_env: dict[str, str]) -> dict[str, Any]:
     """One cluster of *m* nodes, *n* readers each, all loading the model at once."""
-    import subprocess
 
-    root = Path(tempfile.mkdtemp(prefix=f"cl-{method}-{m}x{n}-", dir=workdir))
+    root = Path(tempfile.mkdtemp(prefix="rrs-bc-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
     env = base_env({**store_env, "AWS_ENDPOINT_URL": proxy.endpoint, "AWS_ENDPOINT_URL_S3": proxy.endpoint,
                     "RAY_RUNAI_SHIM_CLUSTER_RELAY": "auto" if method == "cluster" else "off"})
-    relay_dirs = []
     row: dict[str, Any] = {"method": method, "m": m, "n": n}
+    try:
+        return _measure(method, m, n, model, proxy, env, root, row)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _measure(method: str, m: int, n: int, model: dict, proxy: CountingProxy, env: dict[str, str], root: Path,
+             row: dict[str, Any]) -> dict[str, Any]:
+    import subprocess
+
+    relay_dirs = []
     with RayCluster(env, root=root / "cluster") as cluster:
         store_bytes = 2 * model["weight_bytes"] + (256 << 20)  # the source's objects and room besides
         for i in range(m):
@@ -193,12 +201,23 @@ def measure(method: str, m: int, n: int, model: dict, proxy: CountingProxy, stor
                 proc.kill()
                 proc.communicate()
         weights = proxy.body_bytes(".safetensors") - before
-    shutil.rmtree(root, ignore_errors=True)
     ready = [r["ready_at"] - result["go"] for r in result["readers"]]
     row.update(wall_s=max(ready), store_bytes=weights, store_x=weights / model["weight_bytes"],
                node_peak_bytes=peaks, ready_s=[round(v, 2) for v in ready],
                exact=all(r["tensors"] == model["tensors"] for r in result["readers"]))
     return row
+
+
+def count_tensors(folder: Path) -> int:
+    """The tensors of every safetensors file in *folder*, from their headers."""
+    import struct
+
+    count = 0
+    for path in sorted(folder.glob("*.safetensors")):
+        with path.open("rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            count += sum(1 for k in json.loads(f.read(n)) if k != "__metadata__")
+    return count
 
 
 def table(data: dict[str, Any]) -> str:
@@ -279,27 +298,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         client.create_bucket(Bucket=BUCKET)
         prefix = f"models/cluster-{args.size_gib:g}gib"
         model = build_model(workdir / "src" / prefix, size, make_noise(min(64 << 20, size)), shard_max_bytes=size)
-        upload_dir(client, workdir / "src" / prefix, prefix)
+        model["tensors"] = count_tensors(workdir / "src" / prefix)
+        upload_dir(client, workdir / "src" / prefix, prefix)  # removes the local files
         model.update(uri=f"s3://{BUCKET}/{prefix}", size_gib=args.size_gib,
                      weights=sorted(k for k in model["files"] if k.endswith(".safetensors")))
-        import struct
-
-        model["tensors"] = 0
-        for w in model["weights"]:
-            raw = (workdir / "src" / prefix / w).open("rb").read(8)
-            (hn,) = struct.unpack("<Q", raw)
-            with (workdir / "src" / prefix / w).open("rb") as f:
-                f.seek(8)
-                model["tensors"] += sum(1 for k in json.loads(f.read(hn)) if k != "__metadata__")
         print(f"{model['uri']}: S = {model['weight_bytes']:,} weight bytes", flush=True)
         with CountingProxy(server.port, rate=args.rate_mbps * 1e6) as proxy:
             for method in methods:
                 for n in args.ns:
                     for m in args.ms:
                         try:
-                            row = measure(method, m, n, model, proxy, server.env(), workdir)
+                            row = measure(method, m, n, model, proxy, server.env())
                         except Exception as e:
-                            row = {"method": method, "m": m, "n": n, "error": f"{type(e).__name__}: {e}"}
+                            last = (str(e).strip().splitlines() or [""])[-1][:300]
+                            row = {"method": method, "m": m, "n": n, "error": f"{type(e).__name__}: {last}"}
                         runs.append(row)
                         print(json.dumps({k: v for k, v in row.items()}), flush=True)
         data = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "env": env_info(), "rate_mbps": args.rate_mbps,

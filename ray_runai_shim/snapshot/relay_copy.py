@@ -8,8 +8,8 @@ What the copy guarantees (:mod:`.relay` decides when to make one and who holds i
   lands (before they are published to the readers) and after the last one, and any change
   refuses the copy (pyarrow, Ray's store client, sends no ``If-Match``: the pin brackets the
   ranges);
-* nothing half visible: space reserved first (``posix_fallocate``: a full directory fails before
-  any GET), files created ``O_EXCL|O_NOFOLLOW`` in the copy's private directory (``.<key>.live``),
+* nothing half visible: space reserved beside the first GETs (``posix_fallocate``: a full
+  directory fails the copy within moments, and nothing partial is left), files created ``O_EXCL|O_NOFOLLOW`` in the copy's private directory (``.<key>.live``),
   a range listed in the progress record (:mod:`.relay_progress`) only once written and verified,
   a marker that records what was checked, one ``rename``;
 * a killed fetcher costs only what it had not verified: the next one resumes from the record;
@@ -62,7 +62,7 @@ PIN_VERSIONS = True
 #: Tests turn this off to show what a killed fetcher costs without resuming its copy.
 RESUME = True
 #: How often written ranges are verified (one HEAD per object) and published to the readers.
-VERIFY_S = 0.2
+VERIFY_S = 0.1
 RELAY_DIR = settings.RELAY_DIR
 
 
@@ -161,14 +161,21 @@ def _data_file(staging: Staging, key: str, size: int, resuming: bool) -> Any:
             out = None
     if out is None:
         out = staging.create(rel, mode=0o600, readable=True)
-    try:  # reserve the whole object now: a full directory fails here, before any GET
-        os.posix_fallocate(out.fileno(), 0, size)
-    except OSError as e:
-        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-            out.close()
-            raise
-        os.ftruncate(out.fileno(), size)
+    if os.fstat(out.fileno()).st_size != size:
+        os.ftruncate(out.fileno(), size)  # its whole size at once (sparse): a reader maps it whole
     return out
+
+
+def _reserve(outs: list[Any], sizes: list[int]) -> None:
+    """Reserve every object's memory (``posix_fallocate``), beside the first GETs rather than
+    before them: zeroing 1 GiB takes a quarter second the first tensors need not wait for. A
+    full directory still fails the copy within moments (ENOSPC), and nothing partial is left."""
+    for out, size in zip(outs, sizes):
+        try:
+            os.posix_fallocate(out.fileno(), 0, size)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
 
 
 def _data_start(fd: int, f: Any) -> int:
@@ -198,6 +205,7 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
     outs: list[Any] = []
     progress = _Progress()
     publisher = relay_progress.Publisher(staging, listing.uri, files, done)
+    reserver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rrs-relay-reserve")
     try:
         publisher.publish()  # the record exists before the first GET: readers see what is to come
         if done:
@@ -210,6 +218,7 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
                 if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
                     raise CopyFailed(full_message(base, listing.weight_bytes)) from e
                 raise
+        reserving = reserver.submit(_reserve, outs, [f.size for f in listing.weights])
         if share is not None and share.role == "peer":
             share.pull(publisher, {f.key: out.fileno() for f, out in zip(listing.weights, outs)})
         from_peer = publisher.bytes_done - publisher.resumed
@@ -260,6 +269,8 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
             try:
                 while pending:
                     finished, pending = wait(pending, timeout=VERIFY_S, return_when=FIRST_EXCEPTION)
+                    if reserving.done():
+                        reserving.result()  # a directory that filled up fails the copy now
                     for fut in finished:
                         fut.result()
                         if fut in then:
@@ -271,6 +282,7 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
                 for fut in pending:
                     fut.cancel()
                 raise
+        reserving.result()
         # the pin's other end: every object's identity, after the last range
         _verify(publisher, listing, fs, prefix, store, every=True, share=share, outs=outs)
         got = publisher.bytes_done
@@ -306,6 +318,7 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
             raise failure from e
         raise
     finally:
+        reserver.shutdown(wait=True)  # before the files close: never an fd number reused under it
         for out in outs:
             try:
                 out.close()

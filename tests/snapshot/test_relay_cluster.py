@@ -26,14 +26,15 @@ from ray_runai_shim.snapshot import relay_cluster
 MIB = 1 << 20
 
 DRIVER = r"""
-import json, logging, os, time
+import json, logging, os, signal, time
+from pathlib import Path
+import psutil
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 ray.init(address={address!r}, logging_level=logging.WARNING)
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, max_retries=0)  # a killed reader stays dead: its node does not read again
 def read(uri, endpoint, weights):
     import hashlib, logging, os, time
     import torch
@@ -69,15 +70,41 @@ def read(uri, endpoint, weights):
             "ready_s": time.monotonic() - t0, "relay_dir": os.environ.get("RAY_RUNAI_SHIM_RELAY_DIR")}}
 
 
-nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
-assert len(nodes) == 2, nodes
-refs = [read.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(
-    {uri!r}, {endpoint!r}, {weights!r}) for n in nodes]
-out = {{"readers": ray.get(refs, timeout=600)}}
+def on(i):  # each node has a resource of its own: n0, n1
+    return read.options(resources={{f"n{{i}}": 0.01}})
+
+
+def copied(relay_dir):
+    for p in Path(relay_dir).rglob(".progress.json"):
+        try:
+            return json.loads(p.read_text()).get("bytes", 0)
+        except (OSError, ValueError):
+            pass
+    return 0
+
+
+args = ({uri!r}, {endpoint!r}, {weights!r})
+if {kill_source!r}:
+    # The source's reader starts first; once the other node has taken ranges from it, the
+    # source's process is killed (SIGKILL: the OOM killer, a node drain).
+    src = on(0).remote(*args)
+    deadline = time.time() + 120
+    while copied({relays!r}[0]) == 0 and time.time() < deadline:
+        time.sleep(0.05)
+    peer = on(1).remote(*args)
+    while copied({relays!r}[1]) == 0 and time.time() < deadline:
+        time.sleep(0.05)
+    victims = [p for p in psutil.process_iter(["cmdline"]) if "ray::read" in " ".join(p.info["cmdline"] or [])
+               and p.environ().get("RAY_RUNAI_SHIM_RELAY_DIR") == {relays!r}[0]]
+    assert len(victims) == 1, victims
+    taken_before = copied({relays!r}[1])
+    os.kill(victims[0].pid, signal.SIGKILL)
+    out = {{"readers": [ray.get(peer, timeout=600)], "taken_before_kill": taken_before}}
+else:
+    out = {{"readers": ray.get([on(i).remote(*args) for i in (0, 1)], timeout=600)}}
 try:
-    reg = ray.get_actor({name!r}, namespace={namespace!r})
-    out["registry"] = ray.get(reg.status.remote())
-except ValueError:
+    out["registry"] = ray.get(ray.get_actor({name!r}, namespace={namespace!r}).status.remote())
+except Exception:
     out["registry"] = None
 print("RESULT " + json.dumps(out), flush=True)
 """
@@ -89,16 +116,13 @@ def _digest(t) -> str:
     return hashlib.sha256(t.contiguous().view(-1).view(dtype=torch.uint8).numpy().tobytes()).hexdigest()
 
 
-@pytest.fixture(scope="module")
-def model(s3, models, tmp_path_factory):
-    """Two shards of float32 tensors, 24 MiB in all."""
+def _upload(s3, tmp: Path, prefix: str, per_shard: int, seed: int) -> dict:
     import torch
     from safetensors.torch import save_file
 
-    tmp = tmp_path_factory.mktemp("cluster-model")
-    g = torch.Generator().manual_seed(37)
-    want, client, prefix = {}, s3.client(), "cluster/two"
-    shards = {f"model-0000{i + 1}-of-00002.safetensors": {f"s{i}.t{j}": (1024, 1024) for j in range(3)}
+    g = torch.Generator().manual_seed(seed)
+    want, client = {}, s3.client()
+    shards = {f"model-0000{i + 1}-of-00002.safetensors": {f"s{i}.t{j}": (1024, 1024) for j in range(per_shard)}
               for i in range(2)}
     for name, spec in shards.items():
         tensors = {k: torch.randn(*shape, generator=g) for k, shape in spec.items()}
@@ -108,6 +132,18 @@ def model(s3, models, tmp_path_factory):
     client.put_object(Bucket=BUCKET, Key=f"{prefix}/config.json", Body=b"{}")
     return {"uri": f"s3://{BUCKET}/{prefix}", "weights": sorted(shards), "tensors": want,
             "bytes": sum((tmp / n).stat().st_size for n in shards)}
+
+
+@pytest.fixture(scope="module")
+def model(s3, models, tmp_path_factory):
+    """Two shards of float32 tensors, 24 MiB in all."""
+    return _upload(s3, tmp_path_factory.mktemp("cluster-model"), "cluster/two", 3, 37)
+
+
+@pytest.fixture(scope="module")
+def big_model(s3, models, tmp_path_factory):
+    """48 MiB: more than half of Ray's smallest object store (75 MiB)."""
+    return _upload(s3, tmp_path_factory.mktemp("cluster-big"), "cluster/big", 6, 38)
 
 
 # --------------------------------------------------------------------------- the registry's rules
@@ -172,8 +208,9 @@ def _files_under(path: Path, suffixes: tuple[str, ...] = ()) -> list[str]:
     return [str(p) for p in path.rglob("*") if p.is_file() and (not suffixes or p.name.endswith(suffixes))]
 
 
-def _run_two_nodes(s3, model: dict, tmp_path: Path, setting: str) -> tuple[dict, int, list[Path]]:
-    with CountingProxy(s3.port, rate=4 * MIB) as link:  # 24 MiB at 4 MiB/s: the copy takes ~6 s
+def _run_two_nodes(s3, model: dict, tmp_path: Path, setting: str, kill_source: bool = False, rate: int = 4 * MIB,
+                   store: int = 300_000_000) -> tuple[dict, int, list[Path]]:
+    with CountingProxy(s3.port, rate=rate) as link:  # 24 MiB at 4 MiB/s: the copy takes ~6 s
         env = base_env({**s3.env(), "AWS_ENDPOINT_URL": link.endpoint, "AWS_ENDPOINT_URL_S3": link.endpoint,
                         relay_cluster.CLUSTER_RELAY: setting})
         with RayCluster(env) as cluster:
@@ -183,11 +220,12 @@ def _run_two_nodes(s3, model: dict, tmp_path: Path, setting: str) -> tuple[dict,
                 for sub in ("home", "tmp", "relay"):
                     (node / sub).mkdir(parents=True)
                 dirs.append(node)
-                start("--num-cpus=1", "--num-gpus=0", "--object-store-memory=300000000",
+                start("--num-cpus=1", "--num-gpus=0", f"--object-store-memory={store}", f'--resources={{"n{i}": 1}}',
                       env={"HOME": str(node / "home"), "TMPDIR": str(node / "tmp"),
                            "RAY_RUNAI_SHIM_RELAY_DIR": str(node / "relay")})
             code = DRIVER.format(address=cluster.address, uri=model["uri"], endpoint=link.endpoint,
-                                 weights=model["weights"], name=relay_cluster.NAME, namespace=relay_cluster.NAMESPACE)
+                                 weights=model["weights"], name=relay_cluster.NAME, namespace=relay_cluster.NAMESPACE,
+                                 kill_source=kill_source, relays=[str(d / "relay") for d in dirs])
             proc = run_python(code, env=env, timeout=900)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             assert proc.returncode == 0 and lines, (proc.stdout[-3000:], proc.stderr[-5000:])
@@ -223,3 +261,32 @@ def test_control_with_the_cluster_relay_off_every_node_reads_the_store(s3, model
     assert weights >= 1.9 * model["bytes"], weights / model["bytes"]
     assert result["registry"] is None
     assert os.environ.get(relay_cluster.CLUSTER_RELAY) is None
+
+
+def test_a_source_killed_mid_copy_costs_the_peer_only_what_it_had_not_taken(s3, model, tmp_path):
+    """The source's process is SIGKILLed while the other node takes ranges from it: the registry
+    and the objects it owned go with it (it belonged to that process), the peer says so once and
+    reads the rest from the store, keeping the ranges it had; its model is exact."""
+    result, weights, dirs = _run_two_nodes(s3, model, tmp_path, "auto", kill_source=True, rate=2 * MIB)
+    [peer] = result["readers"]
+    assert peer["tensors"] == model["tensors"]
+    warned = [line for line in peer["said"] if line.startswith("WARNING")]
+    assert len(warned) == 1 and "taking s3://" in warned[0] and "this node reads the rest from the store" in warned[0], \
+        peer["said"]
+    assert result["taken_before_kill"] > 0
+    # Two nodes read the store: the source up to its death, the peer what it had not taken.
+    assert weights <= 1.5 * model["bytes"], weights / model["bytes"]
+    assert _files_under(dirs[1] / "relay") == []
+
+
+def test_an_object_store_too_small_for_the_model_shares_nothing_and_says_so(s3, big_model, tmp_path):
+    """48 MiB does not fit under half of an 80 MB object store: nothing is put (so nothing can
+    spill), the node says why, and each node reads the store; both models are exact."""
+    result, weights, _dirs = _run_two_nodes(s3, big_model, tmp_path, "auto", store=80_000_000, rate=16 * MIB)
+    readers = result["readers"]
+    assert all(r["tensors"] == big_model["tensors"] for r in readers)
+    said = "\n".join(line for r in readers for line in r["said"])
+    assert "does not fit under half of this node's object store" in said, said
+    assert all(sum(line.startswith("WARNING") for line in r["said"]) <= 1 for r in readers), said
+    assert weights >= 1.9 * big_model["bytes"]  # each node read the store
+    assert result["spilled"] == []
