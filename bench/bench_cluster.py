@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import bench_docs
-from bench_common import raise_on_signal, ratio
+from bench_common import dir_bytes, raise_on_signal, ratio, rss_bytes, stop_and_clean, write_results
 from bench_models import GIB, build_model, make_noise, upload_dir
 from bench_report import env_info
 from bench_servers import BUCKET, S3rver, ensure_s3rver, s3_client  # also puts tests/ on sys.path
@@ -113,30 +113,6 @@ def parse_ints(text: str) -> list[int]:
     return values
 
 
-def rss_without_shm(pid: int) -> int:
-    fields = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(("VmRSS:", "RssShmem:")):
-                    name, value = line.split()[:2]
-                    fields[name] = int(value) * 1024
-    except OSError:
-        return 0
-    return max(0, fields.get("VmRSS:", 0) - fields.get("RssShmem:", 0))
-
-
-def dir_bytes(path: Path) -> int:
-    total = 0
-    for p in path.rglob("*") if path.exists() else []:
-        try:
-            if p.is_file() and not p.is_symlink():
-                total += p.stat().st_blocks * 512
-        except OSError:
-            pass
-    return total
-
-
 def measure(method: str, m: int, n: int, model: dict, proxy: CountingProxy, store_env: dict[str, str]) -> dict[str, Any]:
     """One cluster of *m* nodes, *n* readers each, all loading the model at once."""
 
@@ -182,7 +158,7 @@ def _measure(method: str, m: int, n: int, model: dict, proxy: CountingProxy, env
             def sample() -> None:
                 while not stop.wait(0.2):
                     for i in range(m):
-                        own = dir_bytes(relay_dirs[i]) + sum(rss_without_shm(p) for p in pids[i * n:(i + 1) * n])
+                        own = dir_bytes(relay_dirs[i]) + sum(rss_bytes(p) for p in pids[i * n:(i + 1) * n])
                         peaks[i] = max(peaks[i], own)
 
             sampler = threading.Thread(target=sample, daemon=True)
@@ -319,17 +295,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "command": [sys.executable, *sys.argv]}
         print()
         print(table(data))
-        RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS_JSON.write_text(json.dumps(data, indent=1))
-        if doc is not None:
-            bench_docs.write_block(doc, BEGIN, END, readme_block(data))
-            print(f"rewrote the {BEGIN} block of {doc}")
+        write_results(RESULTS_JSON, data, doc, BEGIN, END, readme_block(data) if doc is not None else "")
         return 1 if any("error" in r for r in runs) else 0
     finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-        print(f"cleaned up s3rver and {workdir}", flush=True)
+        stop_and_clean(server, workdir)
 
 
 if __name__ == "__main__":

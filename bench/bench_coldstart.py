@@ -37,7 +37,7 @@ from typing import Any, Optional
 
 import bench_docs
 from bench_coldstart_report import BEGIN, END, PAGE, readme_block, report
-from bench_common import raise_on_signal
+from bench_common import raise_on_signal, stop_and_clean
 from bench_measure import walk_bytes
 from bench_models import GIB, MIB, build_llama, upload_dir
 from bench_report import env_info
@@ -264,10 +264,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"rewrote the cold-start block in {doc}")
         return 0
     finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-        print(f"cleaned up s3rver and {workdir}", flush=True)
+        stop_and_clean(server, workdir)
 
 
 if __name__ == "__main__":

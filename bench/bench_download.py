@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from bench_common import raise_on_signal
+from bench_common import raise_on_signal, stop_and_clean
 from bench_measure import child_main, measure_import, run_child
 from bench_models import GIB, MIB, build_model, delete_prefix, make_noise, upload_dir
 from bench_report import env_info, report
@@ -135,10 +135,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"\nwrote {RESULTS_JSON}")
         return 0
     finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-        print(f"cleaned up s3rver and {workdir}", flush=True)
+        stop_and_clean(server, workdir)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 import bench_docs
-from bench_common import raise_on_signal, ratio
+from bench_common import dir_bytes, raise_on_signal, ratio, rss_bytes, stop_and_clean, write_results
 from bench_models import GIB, MIB, build_model, make_noise, upload_dir
 from bench_report import env_info
 from bench_servers import BUCKET, REPO_ROOT, S3rver, ensure_s3rver, s3_client  # also puts tests/ on sys.path
@@ -300,21 +300,6 @@ def mem_available(meminfo: Path = Path("/proc/meminfo")) -> int:
     return value
 
 
-def rss_bytes(pid: int) -> int:
-    """The RSS of *pid* in bytes without its shared-memory pages (0 once it is gone): a reader's
-    tensors map the relay copy's pages, which the copy's own size already counts."""
-    fields = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(("VmRSS:", "RssShmem:")):
-                    name, value = line.split()[:2]
-                    fields[name] = int(value) * 1024
-    except OSError:
-        pass
-    return max(0, fields.get("VmRSS:", 0) - fields.get("RssShmem:", 0))
-
-
 class MemSampler:
     """Over a run, sampled every ``interval`` s in a thread: the peak of (baseline - MemAvailable),
     the node's view (every process on the box moves it), and the peak growth of the readers'
@@ -542,12 +527,6 @@ def _kill(procs: list[subprocess.Popen]) -> None:
                 pass
 
 
-def dir_bytes(path: Path) -> int:
-    from ray_runai_shim.snapshot.relay import tree_bytes
-
-    return tree_bytes(path)
-
-
 def measure(method: str, n: int, rate: float, model: dict[str, Any], proxy: Any, store_env: dict[str, str],
             workdir: Path, request_timeout_ms: Optional[int], verify: bool,
             budget_mib: int = DEFAULT_BUDGET_MIB) -> dict[str, Any]:
@@ -713,18 +692,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                            for shards in dict.fromkeys(r.get("shards") for r in rows) for rate in args.rates}}
         print()
         print(tables(data))
-        RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS_JSON.write_text(json.dumps(data, indent=1))
-        print(f"\nwrote {RESULTS_JSON}")
-        if doc is not None:
-            bench_docs.write_block(doc, BEGIN, END, readme_block(data))
-            print(f"rewrote the {BEGIN} block of {doc}")
+        write_results(RESULTS_JSON, data, doc, BEGIN, END, readme_block(data) if doc is not None else "")
         return 1 if any("error" in r for r in rows) else 0
     finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-        print(f"cleaned up s3rver and {workdir}", flush=True)
+        stop_and_clean(server, workdir)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import importlib
 import os
 import site
 import threading
+import time
 from typing import Any, Callable, Optional
 
 from .. import registry
@@ -183,9 +184,26 @@ def release_all() -> None:
             node_relay.release(got)
         except Exception:
             logger.warning("ray-runai-shim: could not release the node relay copy %s", got.path, exc_info=True)
+        else:
+            with _lock:
+                _copying.append(got)
 
 
-atexit.register(release_all)
+def _at_exit() -> None:
+    """At exit, a copy this process still makes is finished (bounded), so that it frees what it
+    leaves: an interpreter's exit stops its threads mid-copy, which the next use would sweep."""
+    release_all()
+    with _lock:
+        copying, _copying[:] = list(_copying), []
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for got in copying:
+        got.wait(timeout=max(0.0, deadline - time.monotonic()))
+
+
+_copying: list = []
+#: How long an exiting process finishes a copy it still makes.
+EXIT_WAIT_S = 30.0
+atexit.register(_at_exit)
 
 
 @fail_open("releasing the node relay copy", fallback="the copy is freed when this process exits")

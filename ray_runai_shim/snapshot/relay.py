@@ -445,7 +445,7 @@ def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Opt
                         shutil.rmtree(final, ignore_errors=True)  # a broken copy under this key
                         try:
                             copy_weights(listing, fs, prefix, store, store_key, base, key, final,
-                                         share=_share(base, key, listing))
+                                         share=lambda: _share(base, key, listing))
                             fetched = True
                         except CopyFailed as e:
                             _note_failure(base, key, str(e))
@@ -522,7 +522,7 @@ def _fetch(relay: Relay, base: Path, key: str, listing: Listing, opened: tuple, 
     t0 = time.monotonic()
     try:
         copied = copy_weights(listing, fs, prefix, store, store_key, base, key, relay.path,
-                              share=_share(base, key, listing))
+                              share=lambda: _share(base, key, listing))
         logger.info("ray-runai-shim: node relay: copied %s of weights of %s in %.2f s (%s of it from the store)",
                     human_bytes(listing.weight_bytes), listing.uri, time.monotonic() - t0, human_bytes(copied))
     except CopyFailed as e:

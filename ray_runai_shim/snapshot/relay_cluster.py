@@ -7,7 +7,8 @@ the relay of every other node (a *peer*) pulls those ranges node to node with Ra
 transfer, as they arrive, into its node copy: its readers start on them as on any copy
 (:mod:`.relay_read`). A small named actor (:class:`Registry`, one per cluster, owned by the job
 that made it) says who the source is and holds the ranges' references; it owns the objects
-(``ray.put(_owner=...)``), so they live while it does, not while the source's process does.
+(``ray.put(_owner=...)``), so they live while it does, not while the source's process does;
+it is detached and leaves by itself once it has held nothing for ``IDLE_EXIT_S``.
 
 What it guarantees, with the node relay's key rules (the key holds every object's version and
 the reading account: only a node that listed the same versions, as the same account, shares):
@@ -45,6 +46,11 @@ NAME = "ray-runai-shim-cluster-relay"
 NAMESPACE = "ray-runai-shim"
 #: A peer that receives no new range for this long copies the rest from the store.
 PULL_STALL_S = 30.0
+#: The source says it is alive this often while it copies; silent for SOURCE_SILENT_S, it is
+#: taken for gone (its process died): its peers read the rest from the store, and the next
+#: node to claim the model copies it.
+BEAT_S = 2.0
+SOURCE_SILENT_S = 10.0
 #: How long the registry keeps a model's ranges after the source and every peer have theirs.
 LINGER_S = 60.0
 #: Ranges are put in pieces of at most this many bytes; a peer pulls this many at once.
@@ -54,6 +60,8 @@ PULL_AT_ONCE = 8
 #: only above its threshold, 0.8 by default: half leaves room for everything else).
 STORE_SHARE = 0.5
 CALL_TIMEOUT_S = 30.0
+#: The registry leaves once it has held no model for this long.
+IDLE_EXIT_S = 120.0
 
 
 def mode() -> str:
@@ -101,7 +109,7 @@ class Registry:
         it from there (peers), while it copies and for ``LINGER_S`` after."""
         with self.cond:
             m = self.models.get(key)
-            stale = m is not None and m["state"] == "copying" and time.monotonic() - m["last"] > PULL_STALL_S
+            stale = m is not None and m["state"] == "copying" and time.monotonic() - m["last"] > SOURCE_SILENT_S
             if m is None or m["state"] == "failed" or stale:  # a source that stopped, or went silent
                 self.models[key] = {"source": node, "state": "copying", "items": [], "peers": set(),
                                     "finished": set(), "bytes": 0, "idle_since": None, "why": "",
@@ -123,9 +131,16 @@ class Registry:
             m["last"] = time.monotonic()
             self.cond.notify_all()
 
+    def beat(self, key: str) -> None:
+        """The source is alive and copying, with nothing new to offer yet."""
+        with self.cond:
+            m = self.models.get(key)
+            if m is not None:
+                m["last"] = time.monotonic()
+
     def ranges(self, key: str, since: int, wait_s: float) -> tuple[list, str, str]:
         """The ranges offered after the first *since* (waiting up to *wait_s* for one), the
-        model's state, and why its source stopped sharing, if it did."""
+        model's state, and why its source stopped sharing, if it did (or went silent)."""
         deadline = time.monotonic() + wait_s
         with self.cond:
             while True:
@@ -134,10 +149,13 @@ class Registry:
                     return [], "gone", "its registry entry expired"
                 if len(m["items"]) > since or m["state"] != "copying":
                     return m["items"][since:], m["state"], m["why"]
+                silent = time.monotonic() - m["last"]
+                if silent > SOURCE_SILENT_S:
+                    return [], "silent", f"the node copying it has said nothing for {silent:.0f} s (its process is gone?)"
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return [], m["state"], ""
-                self.cond.wait(left)
+                self.cond.wait(min(left, 1.0))
 
     def finish(self, key: str, node: str, ok: bool, why: str = "") -> None:
         with self.cond:
@@ -165,6 +183,7 @@ class Registry:
                      "peers": sorted(m["peers"]), "finished": sorted(m["finished"])} for k, m in self.models.items()]
 
     def _reaper(self) -> None:
+        empty_since = time.monotonic()
         while True:
             time.sleep(1.0)
             with self.cond:
@@ -172,15 +191,37 @@ class Registry:
                 for key in [k for k, m in self.models.items()
                             if m["idle_since"] is not None and now - m["idle_since"] >= LINGER_S]:
                     self.models.pop(key, None)  # the last references: Ray frees the objects
+                if self.models:
+                    empty_since = now
+                    continue
+            if now - empty_since >= IDLE_EXIT_S:  # detached: it leaves once it has held nothing for a while
+                _exit_actor()
+                return
+
+
+def _exit_actor() -> None:
+    """End the registry's actor; nothing at all where this is not an actor (a test's registry)."""
+    ray = sys.modules.get("ray")
+    try:
+        if ray is None or not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+            return
+    except Exception:
+        return
+    try:
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+    except Exception:
+        os._exit(0)  # inside the registry's own actor process only (checked above)
 
 
 def registry(ray: Any) -> Any:
-    """The cluster's registry actor, made by the first caller (owned by its job; it goes with it)."""
+    """The cluster's registry actor, made by the first caller. Detached: it belongs to no process
+    (a source whose task or replica ends must not take the others' ranges with it); it leaves by
+    itself once it has held nothing for ``IDLE_EXIT_S``."""
     actor = ray.remote(num_cpus=0, max_concurrency=64)(Registry)
     node = ray.get_runtime_context().get_node_id()
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    return actor.options(name=NAME, namespace=NAMESPACE, get_if_exists=True,
+    return actor.options(name=NAME, namespace=NAMESPACE, get_if_exists=True, lifetime="detached",
                          scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True)).remote()
 
 
@@ -196,6 +237,7 @@ class Share:
         self.pulled = 0
         self._fits = fits  # "" when the source may put the model into Ray's object store, else why not
         self._checked = False
+        self._beaten = 0.0
         self._sent: dict[str, relay_progress.Intervals] = {}
         self._broken = False
 
@@ -205,6 +247,7 @@ class Share:
         for the nodes that take the model from this one now or within ``LINGER_S``."""
         if self.role != "source" or self._broken or not self._may_put():
             return
+        self.beat()
         try:
             import numpy as np
 
@@ -220,11 +263,23 @@ class Share:
                                            _owner=self.actor)
                         items.append((name, off, end, [ref]))  # in a list: handed on as a reference
                         self._sent[name] = sent = relay_progress.add(sent, off, end)
-            if items:
-                self.actor.offer.remote(self.key, items)
+            if items:  # waited for: the registry must hold every range before it hears the copy is done
+                self.ray.get(self.actor.offer.remote(self.key, items), timeout=CALL_TIMEOUT_S)
                 self.offered += sum(e - s for _n, s, e, _r in items)
         except Exception as e:
             self._stop_sharing(f"putting it into Ray's object store failed ({_why(e)})")
+
+    def beat(self) -> None:
+        """Tell the registry this source is alive (at most every ``BEAT_S``)."""
+        if self.role != "source" or self._broken:
+            return
+        now = time.monotonic()
+        if now - self._beaten >= BEAT_S:
+            self._beaten = now
+            try:
+                self.actor.beat.remote(self.key)
+            except Exception:
+                pass
 
     def _may_put(self) -> bool:
         """Whether the model fits in Ray's object store here (asked once; when not, the other
@@ -281,7 +336,7 @@ class Share:
                     last = time.monotonic()
                 if todo:
                     continue
-                if state in ("gone", "failed") or (state == "done" and not items):
+                if state in ("gone", "failed", "silent") or (state == "done" and not items):
                     if publisher.bytes_done < publisher.total:
                         self._give_up(f"the node copying it stopped sharing: {why or state}")
                         return False

@@ -195,7 +195,7 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
     resumed from its verified ranges. Raises :class:`CopyFailed` (the record says so to the
     readers, the bytes are freed) for what the relay cannot help.
 
-    *share* (:mod:`.relay_cluster`): as the cluster's source, every verified range is also put
+    *share* (:mod:`.relay_cluster`; or what makes it, called once the record exists): as the cluster's source, every verified range is also put
     into Ray's object store; as a peer, the ranges come from the source's node first, and what
     they do not bring is read from the store. Returns the bytes read from the store."""
     files = [(f.key, f.size) for f in listing.weights]
@@ -208,6 +208,8 @@ def copy_weights(listing: Listing, fs: Any, prefix: str, store: Any, store_key: 
     reserver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rrs-relay-reserve")
     try:
         publisher.publish()  # the record exists before the first GET: readers see what is to come
+        if callable(share):  # joined only now: however long the cluster takes, the readers find the copy
+            share = share()
         if done:
             logger.info("ray-runai-shim: node relay: resuming the copy of %s: %s of %s already on this node",
                         listing.uri, human_bytes(publisher.bytes_done), human_bytes(publisher.total))
@@ -361,6 +363,8 @@ def _verify(publisher: relay_progress.Publisher, listing: Listing, fs: Any, pref
     """Publish the ranges written so far once their objects' identities, read now, are still the
     pinned ones (*every*: read every object's, the copy's last check), and offer them to the
     cluster (*share*). CopyFailed on a change."""
+    if share is not None:
+        share.beat()  # alive, even while the store sends nothing
     written = publisher.take_written()
     if not written and not every:
         return

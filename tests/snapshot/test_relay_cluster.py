@@ -10,14 +10,13 @@ where every node reads the store.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
 import pytest
+from support.checkpoints import upload_model
 from support.cluster import RayCluster
-from support.fixtures import BUCKET
 from support.procs import base_env, run_python
 from support.proxy import CountingProxy
 
@@ -110,28 +109,10 @@ print("RESULT " + json.dumps(out), flush=True)
 """
 
 
-def _digest(t) -> str:
-    import torch
-
-    return hashlib.sha256(t.contiguous().view(-1).view(dtype=torch.uint8).numpy().tobytes()).hexdigest()
-
-
 def _upload(s3, tmp: Path, prefix: str, per_shard: int, seed: int) -> dict:
-    import torch
-    from safetensors.torch import save_file
-
-    g = torch.Generator().manual_seed(seed)
-    want, client = {}, s3.client()
     shards = {f"model-0000{i + 1}-of-00002.safetensors": {f"s{i}.t{j}": (1024, 1024) for j in range(per_shard)}
               for i in range(2)}
-    for name, spec in shards.items():
-        tensors = {k: torch.randn(*shape, generator=g) for k, shape in spec.items()}
-        save_file(tensors, str(tmp / name))
-        want.update({k: _digest(t) for k, t in tensors.items()})
-        client.upload_file(str(tmp / name), BUCKET, f"{prefix}/{name}")
-    client.put_object(Bucket=BUCKET, Key=f"{prefix}/config.json", Body=b"{}")
-    return {"uri": f"s3://{BUCKET}/{prefix}", "weights": sorted(shards), "tensors": want,
-            "bytes": sum((tmp / n).stat().st_size for n in shards)}
+    return upload_model(s3, tmp, prefix, shards, seed)
 
 
 @pytest.fixture(scope="module")
@@ -174,15 +155,19 @@ def test_a_source_that_stops_tells_its_peers_why_and_the_next_node_copies(monkey
 
 
 def test_a_silent_source_is_replaced_and_finished_models_are_let_go(monkeypatch):
-    monkeypatch.setattr(relay_cluster, "PULL_STALL_S", 0.05)
+    monkeypatch.setattr(relay_cluster, "SOURCE_SILENT_S", 0.05)
     monkeypatch.setattr(relay_cluster, "LINGER_S", 0.1)
     reg = relay_cluster.Registry()
     reg.claim("k", "node-a")
     import time
 
     time.sleep(0.1)
-    assert reg.claim("k", "node-b") == {"role": "source"}  # node-a put nothing for PULL_STALL_S
+    assert reg.claim("k", "node-b") == {"role": "source"}  # node-a said nothing for SOURCE_SILENT_S
     reg.claim("k", "node-c")
+    time.sleep(0.1)
+    assert reg.ranges("k", 0, 0.0)[1] == "silent"  # its peer hears so and reads the store
+    reg.beat("k")
+    assert reg.ranges("k", 0, 0.0)[1] == "copying"  # a source that beats is not silent
     reg.finish("k", "node-b", True)
     assert reg.status()[0]["state"] == "done"
     reg.finish("k", "node-c", True)  # every peer has its copy: LINGER_S later, nothing is held
@@ -190,6 +175,17 @@ def test_a_silent_source_is_replaced_and_finished_models_are_let_go(monkeypatch)
     while reg.status() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert reg.status() == []
+
+
+def test_an_idle_registry_outside_an_actor_never_ends_its_process(monkeypatch):
+    """The registry leaves by itself once idle, as an actor; a registry held elsewhere (this
+    test's process) must not take its process with it."""
+    monkeypatch.setattr(relay_cluster, "IDLE_EXIT_S", 0.0)
+    reg = relay_cluster.Registry()
+    import time
+
+    time.sleep(2.5)  # past the reaper's first rounds with nothing held
+    assert reg.status() == []  # still here: the process was not ended
 
 
 def test_without_ray_in_the_process_nothing_is_shared():

@@ -9,7 +9,6 @@ Each test has its control: the same readers waiting for the whole copy, or witho
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import signal
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from support import overwrite, shm
+from support.checkpoints import digest, upload_model
 from support.fixtures import BUCKET
 from support.procs import base_env
 from support.proxy import CountingProxy
@@ -32,37 +32,14 @@ from ray_runai_shim.stores.endpoint import endpoint_s3_filesystem
 MIB = 1 << 20
 
 
-def _digest(t) -> str:
-    import torch
-
-    return hashlib.sha256(t.contiguous().view(-1).view(dtype=torch.uint8).numpy().tobytes()).hexdigest()
-
-
-def _upload_model(s3, tmp: Path, prefix: str, shards: dict[str, dict[str, tuple[int, ...]]], seed: int) -> dict:
-    import torch
-    from safetensors.torch import save_file
-
-    g = torch.Generator().manual_seed(seed)
-    want = {}
-    client = s3.client()
-    for name, spec in shards.items():
-        tensors = {k: torch.randn(*shape, generator=g) for k, shape in spec.items()}
-        save_file(tensors, str(tmp / name))
-        want.update({k: _digest(t) for k, t in tensors.items()})
-        client.upload_file(str(tmp / name), BUCKET, f"{prefix}/{name}")
-    client.put_object(Bucket=BUCKET, Key=f"{prefix}/config.json", Body=b"{}")
-    return {"uri": f"s3://{BUCKET}/{prefix}", "weights": sorted(shards), "tensors": want, "local": tmp,
-            "bytes": sum((tmp / n).stat().st_size for n in shards), "prefix": prefix}
-
-
 @pytest.fixture(scope="module")
 def checkpoints(s3, models, tmp_path_factory):
     """The same 12 MiB of float32 tensors as two shards and as one file (2 MiB tensors)."""
     six = {f"t{i}": (512, 1024) for i in range(6)}
     sharded = {"model-00001-of-00002.safetensors": dict(list(six.items())[:3]),
                "model-00002-of-00002.safetensors": dict(list(six.items())[3:])}
-    return {"sharded": _upload_model(s3, tmp_path_factory.mktemp("sharded"), "pipe/sharded", sharded, 11),
-            "single": _upload_model(s3, tmp_path_factory.mktemp("single"), "pipe/single",
+    return {"sharded": upload_model(s3, tmp_path_factory.mktemp("sharded"), "pipe/sharded", sharded, 11),
+            "single": upload_model(s3, tmp_path_factory.mktemp("single"), "pipe/single",
                                     {"model.safetensors": six}, 11)}
 
 
@@ -262,7 +239,7 @@ def test_tensors_a_reader_holds_outlive_a_failed_copy_and_writes_stay_its_own(s3
             relay.release(got)
     assert set(held) == {"t0", "t1", "t2"}  # the first shard's; the stalled one's never came
     assert not any(relay_dir.rglob("*.safetensors"))  # the failed copy's files are gone ...
-    assert {k: _digest(held[k]) for k in ("t1", "t2")} == {k: model["tensors"][k] for k in ("t1", "t2")}  # ... yet
+    assert {k: digest(held[k]) for k in ("t1", "t2")} == {k: model["tensors"][k] for k in ("t1", "t2")}  # ... yet
     assert not held["t0"].any()  # what the reader wrote stays its own
 
     # Control: a mapped tensor whose file is truncated under it, as failed copies once were.
@@ -300,10 +277,10 @@ def test_an_object_overwritten_mid_copy_never_gives_a_reader_two_versions(s3, tm
     from safetensors.torch import save_file
 
     shard = "model.safetensors"
-    model = _upload_model(s3, tmp_path, f"pipe/torn-{pinned}", {shard: {f"t{i}": (512, 512) for i in range(6)}}, 5)
+    model = upload_model(s3, tmp_path, f"pipe/torn-{pinned}", {shard: {f"t{i}": (512, 512) for i in range(6)}}, 5)
     new = {f"t{i}": torch.randn(512, 512, generator=torch.Generator().manual_seed(99 + i)) for i in range(6)}
     save_file(new, str(tmp_path / "new.safetensors"))
-    new_digests = {k: _digest(t) for k, t in new.items()}
+    new_digests = {k: digest(t) for k, t in new.items()}
     assert (tmp_path / "new.safetensors").stat().st_size == (tmp_path / shard).stat().st_size
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)  # the fallback streams straight from the store
     monkeypatch.setattr(relay_copy, "RANGE_BYTES", MIB)
@@ -321,7 +298,7 @@ def test_an_object_overwritten_mid_copy_never_gives_a_reader_two_versions(s3, tm
                                                                uri.split("://", 1)[1]), pipelined=True)
                 assert got is not None and got.live
                 live = relay_read.open_live(got.path)
-                seen = {name: _digest(tensor) for name, tensor in
+                seen = {name: digest(tensor) for name, tensor in
                         as_it_lands(live, _store_iterator(s3, model), (str(got.path), None), {})}
                 got.wait()
         finally:
