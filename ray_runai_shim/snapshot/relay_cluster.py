@@ -233,7 +233,6 @@ class Share:
                  fits: Optional[Callable[[], str]] = None) -> None:
         self.ray, self.actor, self.key, self.uri, self.role = ray, actor, key, uri, role
         self.node, self.source = node, source
-        self.offered = 0
         self.pulled = 0
         self._fits = fits  # "" when the source may put the model into Ray's object store, else why not
         self._checked = False
@@ -265,7 +264,6 @@ class Share:
                         self._sent[name] = sent = relay_progress.add(sent, off, end)
             if items:  # waited for: the registry must hold every range before it hears the copy is done
                 self.ray.get(self.actor.offer.remote(self.key, items), timeout=CALL_TIMEOUT_S)
-                self.offered += sum(e - s for _n, s, e, _r in items)
         except Exception as e:
             self._stop_sharing(f"putting it into Ray's object store failed ({_why(e)})")
 
