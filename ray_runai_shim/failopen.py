@@ -12,6 +12,11 @@ and decorated with :func:`fail_open`. Inside, three outcomes exist:
   instead (``fallback``: e.g. "Ray copies the whole model"), then Ray's
   original runs. An exception raised *by Ray's original* is Ray's and is
   re-raised untouched; the original never runs twice.
+
+A hook that does several things to one function (:mod:`.integrations.engine_config`)
+calls them as *steps*, each decorated with :func:`step`: the same three outcomes, except
+that a step never calls Ray's code -- the hook does, once -- so a step that does not apply
+or fails returns None (the hook goes on with what it had) and the other steps still run.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from .errors import ShimError
 from .log import logger
 
 Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
+Step = Callable[..., Any]
 
 
 class NotApplicable(Exception):
@@ -66,5 +72,28 @@ def fail_open(what: str, fallback: str, on_fallback: Optional[Callable[[], None]
                 return wrapped(*args, **kwargs)
 
         return wrapper
+
+    return decorate
+
+
+def step(what: str, fallback: str) -> Callable[[Step], Step]:
+    """Decorate one step of a hook: ShimError reaches the user; NotApplicable is DEBUG; a bug
+    is one WARNING naming *fallback*; both of those return None, and the hook goes on."""
+
+    def decorate(body: Step) -> Step:
+        @functools.wraps(body)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return body(*args, **kwargs)
+            except ShimError:
+                raise
+            except NotApplicable as e:
+                logger.debug("ray-runai-shim: %s: not applicable (%s)", what, e)
+            except Exception:
+                logger.warning("ray-runai-shim: %s failed (a shim bug; please report it): %s",
+                               what, fallback, exc_info=True)
+            return None
+
+        return run
 
     return decorate

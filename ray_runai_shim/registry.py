@@ -7,6 +7,11 @@ Used only by the installer. Names are resolved like wrapt's ``resolve_path``
 wrappers -- ``ray.init`` is the same function as ``ray._private.worker.init``
 -- is recorded as an alias and restored to the shared original.
 
+One function is wrapped once, by its one hook, whatever number of patches need it: a
+second patch on a name that already holds the same hook switches that patch's step on
+(:func:`patches_on`) instead of stacking another layer; the hook calls its steps in the
+order its code says (e.g. :mod:`.integrations.engine_config`).
+
 A wrapped module function handed to ``ray.remote`` (Serve's per-node download
 tasks on 2.45-2.50) is pickled by value as the original function, so the task
 runs Ray's own code there (checked on 2.48 with a real task).
@@ -33,6 +38,7 @@ class Applied:
     original: Any
     replacement: Any
     switch: _Switch
+    hook: Any = None
 
 
 class _Switch:
@@ -62,20 +68,34 @@ def resolve(module: ModuleType, path: str) -> tuple[Any, str, Any]:
 
 
 def wrap(patch: str, name: str, module: ModuleType, path: str, wrapper: Callable) -> bool:
-    """Wrap ``module.<path>`` with *wrapper* once per patch; False when already done."""
+    """Wrap ``module.<path>`` with *wrapper* once per patch; False when already done. Where
+    the name already holds *wrapper* (another patch's step of the same hook), *patch* is
+    recorded as on for it and nothing is stacked."""
     owner, attr, current = resolve(module, path)
     with _lock:
         for a in _applied:
             if a.owner is owner and a.attr == attr and a.patch == patch:
                 return False
             if a.patch == patch and current is a.replacement:  # an alias of a name we wrapped
-                _applied.append(Applied(patch, name, owner, attr, a.original, a.replacement, a.switch))
+                _applied.append(Applied(patch, name, owner, attr, a.original, a.replacement, a.switch, a.hook))
+                return True
+        for a in _applied:
+            if current is a.replacement and a.hook is wrapper:  # one hook, one more step on
+                _applied.append(Applied(patch, name, owner, attr, a.original, a.replacement, a.switch, a.hook))
                 return True
         switch = _Switch()
         replacement = wrapt.FunctionWrapper(current, wrapper, enabled=switch)
         setattr(owner, attr, replacement)
-        _applied.append(Applied(patch, name, owner, attr, current, replacement, switch))
+        _applied.append(Applied(patch, name, owner, attr, current, replacement, switch, wrapper))
         return True
+
+
+def patches_on(*names: str) -> frozenset:
+    """The patches switched on for the hook of any of *names* (``"module.Class.method"``): a
+    hook calls a step only where its patch is on (the version tables and feature checks of
+    :mod:`.patches` decided it)."""
+    with _lock:
+        return frozenset(a.patch for a in _applied if a.name in names)
 
 
 def append(patch: str, name: str, module: ModuleType, path: str, item: str) -> bool:
@@ -97,7 +117,10 @@ def restore_all() -> None:
         _appended.clear()
     for a in reversed(applied):
         a.switch.on = False  # inert wherever it was captured
-        if vars(a.owner).get(a.attr) is a.replacement:
+        now = vars(a.owner).get(a.attr)
+        if now is a.original:
+            continue  # another step of the same hook put it back already
+        if now is a.replacement:
             setattr(a.owner, a.attr, a.original)
         else:
             logger.warning("ray-runai-shim: %s was re-patched by someone else; leaving it, our wrapper "

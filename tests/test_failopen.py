@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from ray_runai_shim.errors import ShimError
-from ray_runai_shim.failopen import NotApplicable, fail_open
+from ray_runai_shim.failopen import NotApplicable, fail_open, step
 
 
 class Ray:
@@ -102,3 +102,41 @@ def test_declining_after_rays_code_ran_is_itself_a_bug():
     with pytest.raises(RuntimeError, match="declined after running Ray's code"):
         run(body, ray)
     assert ray.calls == 1
+
+
+def test_a_hooks_steps_fail_one_at_a_time_and_the_hook_goes_on(caplog):
+    """One hook, several steps (the engine-config hook): a step that does not apply or has a bug
+    returns None and the next step still runs; Ray's code runs once; the user's error is raised."""
+    ray, done = Ray(), []
+
+    @step("the first step", fallback="left as built")
+    def broken(config):
+        raise KeyError("bug")
+
+    @step("the second step", fallback="left as built")
+    def not_here(config):
+        raise NotApplicable("another format")
+
+    @step("the third step", fallback="left as built")
+    def works(config):
+        done.append(config)
+        return "changed"
+
+    @fail_open("the test hook", fallback="Ray copies the whole model")
+    def hook(original, instance, args, kwargs):
+        config = original(*args, **kwargs)
+        return [broken(config), not_here(config), works(config)]
+
+    with caplog.at_level(logging.DEBUG, logger="ray.runai_shim"):
+        assert hook(ray, None, (4,), {}) == [None, None, "changed"]
+    assert ray.calls == 1 and done == [("ray", (4,), {})]
+    levels = {r.getMessage().split(":")[1].strip(): r.levelno for r in caplog.records}
+    assert levels["the first step failed (a shim bug; please report it)"] == logging.WARNING
+    assert levels["the second step"] == logging.DEBUG
+
+    @step("the user's step", fallback="left as built")
+    def users_error(config):
+        raise ShimError("RUNAI_STREAMER_MEMORY_LIMIT=abc is not a number of bytes")
+
+    with pytest.raises(ShimError, match="not a number"):
+        users_error(None)

@@ -94,8 +94,8 @@ def expected():
         if kind == "call" or not has(mod, attr):
             continue
         applies = patch in WANTED and not (unless_has and has(mod, unless_has)) and all(has(mod, r) for r in requires)
-        if kind == "wrap":
-            out[attr] = out.get(attr, 0) + int(applies)
+        if kind == "wrap":  # one hook per function, however many of its rows apply
+            out[attr] = max(out.get(attr, 0), int(applies))
         else:
             base = [x for x in resolve(mod, attr) if x != {value!r}]
             out[attr] = base + ([{value!r}] if applies else [])
@@ -259,8 +259,37 @@ def test_what_ray_2_48_gets_wrapped():
         # #36: each rank reads the relay's copy as it lands.
         f"{targets.VLLM_RUNAI_LOADER}.RunaiModelStreamerLoader._get_weights_iterator",
     } | {f"{m}.download_model_files" for m in TOKENIZER_MODULES_IF_PLANNED}
-    # weights (vLLM < 0.14 route), vLLM's runtime_env, and the relay outermost
-    assert runs[targets.VLLM_ARG_UTILS]["shim_first"]["state"]["EngineArgs.create_engine_config"] == 3
+    # One hook, not a stack: the handoff, vLLM's runtime_env and the relay are steps of it.
+    assert runs[targets.VLLM_ARG_UTILS]["shim_first"]["state"]["EngineArgs.create_engine_config"] == 1
+
+
+def test_each_patched_function_has_one_hook():
+    """Rows of several patches on one function name the same hook (whose code says the order)."""
+    hooks: dict[str, set[str]] = {}
+    for t in targets.TARGETS:
+        if t.kind == targets.WRAP:
+            hooks.setdefault(t.name, set()).add(t.wrapper)
+    assert {name: ws for name, ws in hooks.items() if len(ws) > 1} == {}
+    assert hooks[f"{targets.VLLM_ARG_UTILS}.EngineArgs.create_engine_config"] == {targets.ENGINE_CONFIG_HOOK}
+
+
+STEPS_PROBE = """
+import json, ray_runai_shim, ray
+from ray_runai_shim import registry
+from ray_runai_shim.integrations import engine_config
+import vllm.engine.arg_utils
+print(json.dumps(sorted(registry.patches_on(engine_config.NAME))))
+"""
+
+
+def test_the_engine_config_steps_on_for_this_release():
+    """Which steps of the one engine-config hook this Ray and vLLM switch on (2.48, vLLM 0.32):
+    the batch handoff's weights URI, vLLM's runtime_env, the relay; not the 2.51+ anonymous@
+    mapping, not the aux-pull fix (vLLM 0.11-0.15 only)."""
+    if ray.__version__ != "2.48.0":
+        pytest.skip("the default venv pins Ray 2.48.0")
+    out = last_json(run_python(STEPS_PROBE, env=base_env(site=False)))
+    assert out == sorted({"batch-handoff", "vllm-runtime-env", "node-relay"}), out
 
 
 

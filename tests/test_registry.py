@@ -108,3 +108,29 @@ def test_append_adds_in_place_once_and_removes_exactly(mod):
 def test_resolve_names_a_missing_attribute(mod):
     with pytest.raises(AttributeError):
         registry.resolve(mod, "C.nope")
+
+
+def test_one_hook_gets_one_layer_and_each_patch_switches_its_step_on(mod):
+    """A function several patches change is wrapped once, by its one hook; each patch is a step
+    that hook reads from :func:`registry.patches_on`; uninstall restores the very original once."""
+    original = mod.f
+    seen = []
+
+    def hook(wrapped, instance, args, kwargs):
+        seen.append(registry.patches_on("m.f"))
+        return ("hook", wrapped(*args, **kwargs))
+
+    assert registry.wrap("a", "m.f", mod, "f", hook) is True
+    assert registry.wrap("b", "m.f", mod, "f", hook) is True
+    assert registry.wrap("b", "m.f", mod, "f", hook) is False  # installed twice = once
+    assert mod.f(1) == ("hook", ("f", 1))  # one layer, not two
+    assert seen == [frozenset({"a", "b"})] and registry.patches_on("m.other") == frozenset()
+    assert registry.applied() == [("a", "m.f"), ("b", "m.f")]
+    held = mod.f
+    registry.restore_all()
+    assert mod.f is original and registry.patches_on("m.f") == frozenset()
+    assert held(2) == ("f", 2)  # a captured hook is inert
+    # Control: a different wrapper on the same name still stacks (two layers).
+    registry.wrap("a", "m.f", mod, "f", hook)
+    registry.wrap("c", "m.f", mod, "f", tag("other"))
+    assert mod.f(3) == ("other", ("hook", ("f", 3)))

@@ -5,9 +5,9 @@ downloads honour it. From 2.51 Ray hands that URI to vLLM as given (Ray Data's
 stage, and Serve LLM's engine config), but neither vLLM nor the Run:ai streamer
 knows the form: the streamer takes ``anonymous@bucket`` for the bucket name and
 the engine fails before it loads anything. The streamer's own switch is
-``RUNAI_STREAMER_S3_UNSIGNED=1``. This wrapper, on vLLM's
-``EngineArgs.create_engine_config`` (where vLLM first opens the URI: it pulls the
-non-weight files there), gives vLLM the plain URI and sets that switch in the
+``RUNAI_STREAMER_S3_UNSIGNED=1``. This step of the engine-config hook
+(:mod:`.engine_config`: where vLLM first opens the URI, it pulls the non-weight
+files there), gives vLLM the plain URI and sets that switch in the
 process, so the engine processes it starts inherit it -- what the 2.45-2.51
 handoff already does (:func:`.handoff.streamer_uri`).
 """
@@ -15,17 +15,17 @@ handoff already does (:func:`.handoff.streamer_uri`).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any
 
-from ..failopen import NotApplicable, fail_open
+from ..failopen import NotApplicable, step
 from ..log import logger
 from ..redact import redact_url
 from ..snapshot.handoff import UNSIGNED
 from ..tables.support import is_streaming_format, normalize_load_format, split_anonymous
 
 
-@fail_open("the s3://anonymous@ mapping", fallback="vLLM gets the anonymous@ URI, which the streamer cannot open")
-def create_engine_config(original: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+@step("the s3://anonymous@ mapping", fallback="vLLM gets the anonymous@ URI, which the streamer cannot open")
+def plain_uri(instance: Any) -> None:
     """Map ``s3://anonymous@b/p`` on ``model``/``model_weights``/``tokenizer`` to ``s3://b/p`` + unsigned."""
     if not is_streaming_format(normalize_load_format(getattr(instance, "load_format", None))):
         raise NotApplicable("not a streaming load_format")
@@ -45,4 +45,3 @@ def create_engine_config(original: Callable[..., Any], instance: Any, args: tupl
     os.environ[UNSIGNED] = "1"
     logger.info("ray-runai-shim: vLLM streams %s with unsigned requests (%s=1; the URI said anonymous@)",
                 redact_url(mapped.get("model") or next(iter(mapped.values()))), UNSIGNED)
-    return original(*args, **kwargs)

@@ -7,13 +7,15 @@ Two questions, answered from plain values, never by side effect:
 * :func:`download_kind` -- what is this ``download_model_files`` call: the
   full model download the shim replaces, a tokenizer-only one, or other?
 
-and the one step that acts on the answer, :func:`apply_handoff`.
+and the one step that acts on the answer, :func:`apply_handoff`, with the one record of
+what it handed over for vLLM < 0.14 (:func:`handed_weights`).
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+import threading
 from typing import Any, Callable, Optional
 
 from ..context import StageContext
@@ -75,14 +77,33 @@ def download_kind(params: dict[str, Any], model: Optional[str] = None, mirror: O
     return OTHER
 
 
+_lock = threading.Lock()
+#: local non-weight dir -> the weights URI handed with it, where vLLM (< 0.14) reads the URI off
+#: the config it builds: the only state a handoff leaves, read by :func:`handed_weights`.
+_handed: dict[str, str] = {}
+
+
 def apply_handoff(ctx: StageContext, kwargs: dict[str, Any], local_dir: str) -> Handoff:
     """The one handoff every front-end applies: plan what vLLM is handed (the local non-weight
     dir and the weights URI, :func:`..snapshot.handoff.plan_handoff`), export the streamer's
-    settings (set-if-absent: the user's win) and say it once. The caller puts ``h.kwargs`` /
-    ``h.inject`` where its consumer reads them (a call's kwargs, Serve's dict, vLLM's args)."""
+    settings (set-if-absent: the user's win), say it once, and, for vLLM < 0.14, remember the
+    URI for that dir (the engine-config hook sets it on every config built from the dir). The
+    caller puts ``h.kwargs`` where its consumer reads them (a call's kwargs, Serve's dict,
+    vLLM's args)."""
     takes = ctx.load_format == "tensorizer" or vllm_takes_model_weights()
     h = plan_handoff(ctx, kwargs, local_dir, takes)
     for key, value in h.env.items():
         os.environ.setdefault(key, value)
+    if h.inject is not None:
+        with _lock:
+            _handed[h.inject[0]] = h.inject[1]
     log_handoff(ctx.model, ctx.load_format, local_dir, h.how, ctx.stats)
     return h
+
+
+def handed_weights(model: Any) -> Optional[str]:
+    """The weights URI a handoff gave with the local dir *model* (vLLM < 0.14's route), or None.
+    Keyed by the dir, not by a context: Ray builds the config twice from one args object, the
+    second time after the frame that handed it off has returned."""
+    with _lock:
+        return _handed.get(model) if isinstance(model, str) else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from ..context import current_stage, current_weights
+from ..context import current_stage
 from ..failopen import NotApplicable, fail_open
 from ..snapshot.nonweights import fetch_for
 from ..stores.azure import warn_if_azure
@@ -71,10 +71,4 @@ def engine_init(original: Callable[..., Any], instance: Any, args: tuple, kwargs
         or not os.path.isdir(local_dir)
     ):
         raise NotApplicable("no local non-weight dir for a streaming stage")
-    h = apply_handoff(ctx, kwargs, local_dir)
-    token = current_weights.set(h.inject) if h.inject else None
-    try:
-        return original(*args, **h.kwargs)
-    finally:
-        if token is not None:
-            current_weights.reset(token)
+    return original(*args, **apply_handoff(ctx, kwargs, local_dir).kwargs)

@@ -1,6 +1,6 @@
 """vLLM's engine config: read the weights once per node (the relay), within one memory budget.
 
-Wrapped where every front-end meets vLLM, in the process that builds the engine (Ray Data's
+Run where every front-end meets vLLM, in the process that builds the engine (Ray Data's
 stage actor, a Serve replica, a plain driver): ``EngineArgs.create_engine_config``. After
 vLLM built its config, the weights URI it will stream (``model_config.model_weights``, or
 ``model`` itself) is swapped for a node-local copy when two or more readers on this node
@@ -12,9 +12,10 @@ the store. The hold on the copy ends when this process's engine is ready (vLLM's
 ``AsyncLLM`` / ``LLMEngine`` constructors return only after every rank loaded), and the last
 reader on the node frees it (:mod:`..snapshot.relay`).
 
-The hooks, in the order an engine meets them: :func:`stage_init` (Ray Data's driver: how many
-engines share a node), :func:`create_engine_config` (count the readers, :mod:`.relay_readers`;
-relay or stream; the memory budget, :mod:`.relay_budget`), :func:`engine_ready` (release).
+What an engine meets, in order: :func:`stage_init` (Ray Data's driver: how many engines share
+a node), the engine-config hook's steps :func:`checks` and :func:`relay_config` (count the
+readers, :mod:`.relay_readers`; relay or stream; the memory budget, :mod:`.relay_budget`;
+:mod:`.engine_config` runs them), :func:`engine_ready` (release).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import time
 from typing import Any, Callable, Optional
 
 from .. import registry
-from ..failopen import NotApplicable, fail_open
+from ..failopen import NotApplicable, fail_open, step
 from ..log import logger
 from ..snapshot import relay as node_relay
 from ..snapshot.handoff import UNSIGNED
@@ -97,8 +98,13 @@ def _weights_of(model_config: Any) -> Optional[str]:
     return weights if isinstance(weights, str) and is_remote_uri(weights) else None
 
 
-@fail_open("the node relay", fallback="this engine streams its weights from the store itself")
-def create_engine_config(original: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+RELAY_FALLBACK = "this engine streams its weights from the store itself"
+
+
+@step("the node relay's checks", fallback=RELAY_FALLBACK)
+def checks(instance: Any) -> Optional[bool]:
+    """Before vLLM builds the config: the streamer's memory limit (a ShimError for a wrong one)
+    and whether this engine's format and loader leave anything to relay (True)."""
     load_format = normalize_load_format(getattr(instance, "load_format", None))
     if load_format in STREAMER_FORMATS:
         check_memory_limit(instance)
@@ -107,11 +113,16 @@ def create_engine_config(original: Callable[..., Any], instance: Any, args: tupl
     if loader_extra(instance).get("distributed"):
         _decided("distributed streaming asked for: left to vLLM, which splits the reads among the ranks")
         raise NotApplicable("distributed streaming asked for: vLLM splits the reads among the ranks")
-    config = original(*args, **kwargs)
+    return True
+
+
+@step("the node relay", fallback=RELAY_FALLBACK)
+def relay_config(config: Any, instance: Any) -> None:
+    """After vLLM built *config*: count the readers on this node, relay or stream, budget."""
     model_config = getattr(config, "model_config", None)
     uri = _weights_of(model_config)
     if uri is None:
-        return config  # local weights or a hub id: nothing to relay
+        raise NotApplicable("local weights or a hub id: nothing to relay")
     readers = readers_on_node(instance)
     os.environ.setdefault(REQUEST_TIMEOUT, REQUEST_TIMEOUT_MS)  # inherited by the engine core and its ranks
     got = None
@@ -142,7 +153,6 @@ def create_engine_config(original: Callable[..., Any], instance: Any, args: tupl
             budget_quietly(config, readers, uri, local=True)
         else:
             budget_quietly(config, readers, str(got.path) if got is not None else uri)
-    return config
 
 
 def _autoload_installed() -> bool:

@@ -21,7 +21,7 @@ two things:
    so the decision is read from there (:func:`remote_node_download`).
 2. **Handoff.** ``VLLMEngineConfig.get_initialization_kwargs`` -- where every
    2.45-2.51 release builds vLLM's arguments -- gives vLLM ``model=<that dir>``
-   plus the weights URI (:func:`init_kwargs`). It recognises the directory by
+   plus the weights URI (:func:`hand_off`, a step of :mod:`.serve_engine_kwargs`). It recognises the directory by
    the manifest the fetch wrote, so it also works where Ray builds the engine
    config in a separate ``ray.remote`` task (GPU deployments).
 
@@ -45,9 +45,9 @@ import os
 import threading
 from typing import Any, Callable, Optional
 
-from ..context import StageContext, current_weights
+from ..context import StageContext
 from ..errors import ShimError
-from ..failopen import NotApplicable, fail_open
+from ..failopen import NotApplicable, fail_open, step
 from ..log import logger
 from ..snapshot.cache import snapshot_source
 from ..snapshot.nonweights import fetch_for
@@ -234,26 +234,21 @@ def worker_nodes(original: Callable[..., Any], instance: Any, args: tuple, kwarg
 # --------------------------------------------------------------------------- handoff
 
 
-@fail_open("the Serve weights handoff", fallback="vLLM gets Ray's arguments")
-def init_kwargs(original: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> dict:
-    """vLLM gets the local non-weight dir as ``model`` and the weights URI."""
-    result = original(*args, **kwargs)
+@step("the Serve weights handoff", fallback="vLLM gets Ray's arguments")
+def hand_off(instance: Any, result: dict) -> Optional[dict]:
+    """A step of :mod:`.serve_engine_kwargs`: vLLM gets the local non-weight dir as ``model``
+    and the weights URI, where Ray's kwargs (*result*) point at a dir the shim fetched."""
     local_dir = instance.actual_hf_model_id
     uri = snapshot_source(local_dir)
     load_format = normalize_load_format((instance.engine_kwargs or {}).get("load_format"))
     if uri is None or not is_streaming_format(load_format) or not os.path.isdir(local_dir):
-        return result
+        raise NotApplicable("not a non-weight dir the shim fetched, for a streaming format")
     mirror = _mirror_of(instance)
     if mirror is not None and mirror.rstrip("/") != uri:
-        return result  # someone else's snapshot; never guess
+        raise NotApplicable("someone else's snapshot; never guess")
     with _lock:
         ctx = _fetched.get(local_dir)
     if ctx is None or ctx.model.rstrip("/") != uri:
         ctx = StageContext(model=uri, load_format=load_format, engine_kwargs=dict(instance.engine_kwargs))
     # 2.45-2.47 put ``model`` in front of these kwargs; a key here wins.
-    h = apply_handoff(ctx, {**result, "model": local_dir}, local_dir)
-    if h.inject is not None:
-        # vLLM < 0.14: Serve builds the config right after this returns, in this
-        # context; the match on args.model == local_dir keeps it to this engine.
-        current_weights.set(h.inject)
-    return h.kwargs
+    return apply_handoff(ctx, {**result, "model": local_dir}, local_dir).kwargs

@@ -1,10 +1,10 @@
-"""vLLM's ``EngineArgs.create_engine_config``: two small fixes on the config it builds.
+"""Two steps of the engine-config hook (:mod:`.engine_config`) on the config vLLM built.
 
 * :func:`inject_weights` -- vLLM < 0.14 has no ``EngineArgs.model_weights``; it
   reads the weights URI off ``ModelConfig.model_weights``. Ray builds the config
   twice from one args object (once itself, once in ``from_engine_args``), so the
-  URI is set on every config built while a handoff is pending
-  (:data:`.context.current_weights`) for that engine's local dir.
+  URI is set on every config built from a local dir a handoff gave with a URI
+  (:func:`.decide.handed_weights`).
 * :func:`clean_runtime_env` -- vLLM's Ray executor re-uses the replica's
   runtime_env in its own ``ray.init``; with the job-level setup hook (how the
   shim reaches workers) that env holds Ray's reserved hook variable, which Ray
@@ -13,21 +13,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from ..context import current_weights
-from ..failopen import fail_open
+from ..failopen import NotApplicable, step
 from ..log import logger
+from ..snapshot.handoff import MODEL_WEIGHTS
+from .decide import handed_weights
 
 
-@fail_open("setting model_weights on vLLM's config", fallback="vLLM loads from the local dir (no weights there)")
-def inject_weights(original: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-    pending = current_weights.get()
-    config = original(*args, **kwargs)
-    if pending is None or getattr(instance, "model", None) != pending[0]:
-        return config
-    object.__setattr__(config.model_config, "model_weights", pending[1])
-    return config
+@step("setting model_weights on vLLM's config", fallback="vLLM loads from the local dir (no weights there)")
+def inject_weights(config: Any, instance: Any) -> None:
+    uri = handed_weights(getattr(instance, "model", None))
+    if uri is None or getattr(instance, MODEL_WEIGHTS, None):
+        raise NotApplicable("not a dir handed off for vLLM < 0.14's route")
+    object.__setattr__(config.model_config, MODEL_WEIGHTS, uri)
 
 
 def reusable_runtime_env(env: Any) -> Any:
@@ -54,13 +53,11 @@ def reusable_runtime_env(env: Any) -> Any:
     return type(env)(**plain) if type(env) is not dict else plain
 
 
-@fail_open("cleaning vLLM's ray_runtime_env", fallback="vLLM's config is left as built")
-def clean_runtime_env(original: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-    config = original(*args, **kwargs)
+@step("cleaning vLLM's ray_runtime_env", fallback="vLLM's config is left as built")
+def clean_runtime_env(config: Any) -> None:
     parallel = getattr(config, "parallel_config", None)
     fixed: Optional[Any] = reusable_runtime_env(getattr(parallel, "ray_runtime_env", None))
     if fixed is not None:
         object.__setattr__(parallel, "ray_runtime_env", fixed)
         logger.debug("ray-runai-shim: removed Ray's reserved setup-hook variable from vLLM's ray_runtime_env")
-    return config
 

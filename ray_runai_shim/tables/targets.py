@@ -4,6 +4,9 @@ A target says which *consumer* module to watch, which attribute inside it to
 wrap (a dotted path, resolved like wrapt's ``resolve_path``), which wrapper to
 use (a ``module:function`` string, imported only when the consumer module is),
 and under which patch name the version tables in :mod:`.support` switch it on.
+A function is wrapped once, by one hook: where several patches change one
+function, their rows name the same hook, and each row switches that patch's
+step on (the hook's code says the order).
 Feature checks have the last word: ``unless_has`` skips a target when the
 module already has the upstream fix, ``requires`` names what must exist for
 the wrapper to make sense (else one WARNING: Ray changed shape), ``only_for``
@@ -60,6 +63,11 @@ VLLM_LLM_ENGINE = "vllm.v1.engine.llm_engine"  # LLMEngine (vllm.LLM), likewise
 VLLM_RUNAI_LOADER = "vllm.model_executor.model_loader.runai_streamer_loader"  # each rank's weights iterator
 SERVE_BUILD_APP = "ray.serve._private.build_app"  # run by the controller's config-deploy build task
 
+#: One hook per patched function: rows of several patches on one function name the same hook,
+#: which calls each patch's step in the order its code says (the registry stacks nothing).
+ENGINE_CONFIG_HOOK = "ray_runai_shim.integrations.engine_config:create_engine_config"
+SERVE_KWARGS_HOOK = "ray_runai_shim.integrations.serve_engine_kwargs:init_kwargs"
+
 WRAP = "wrap"  # replace module.attr by a wrapt FunctionWrapper
 APPEND = "append"  # append ``value`` to the list at module.attr, in place (aliases see it)
 CALL = "call"  # call the wrapper with the module once it is imported (no name changes)
@@ -109,16 +117,15 @@ TARGETS: tuple[Target, ...] = (
     # inside build_vllm_engine_processor, so the module holds no such name: nothing to wrap there.
     Target(TOKENIZER, PROCESSOR_MODULE, "download_model_files", "ray_runai_shim.integrations.tokenizer:download",
            if_has="download_model_files"),
-    # vLLM < 0.14: the weights URI goes on every config the args build; and vLLM's Ray
-    # executor must not re-use Ray's reserved setup-hook variable (ray#61350).
-    Target(HANDOFF, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", "ray_runai_shim.integrations.vllm_args:inject_weights"),
-    Target(RUNTIME_ENV, VLLM_ARG_UTILS, "EngineArgs.create_engine_config",
-           "ray_runai_shim.integrations.vllm_args:clean_runtime_env"),
-    # Ray 2.51+ hands vLLM s3://anonymous@ URIs as given (Ray Data and Serve alike).
-    Target(S3_ANONYMOUS, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", "ray_runai_shim.integrations.anonymous:create_engine_config"),
-    # vLLM 0.11-0.15 wipe and re-pull the non-weight files per engine: engines on one node race
-    # (ray#60681). After s3-anonymous in this table, so it wraps outside it and sees Ray's URI.
-    Target(AUX_PULL, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", "ray_runai_shim.integrations.aux_pull:create_engine_config",
+    # vLLM's engine config, one hook (integrations/engine_config.py says the order of its steps):
+    # vLLM < 0.14 reads the weights URI off every config the args build; vLLM's Ray executor must
+    # not re-use Ray's reserved setup-hook variable (ray#61350); Ray 2.51+ hands vLLM s3://anonymous@
+    # URIs as given; vLLM 0.11-0.15 wipe and re-pull the non-weight files per engine, so engines on
+    # one node race (ray#60681); and the node relay (below).
+    Target(HANDOFF, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", ENGINE_CONFIG_HOOK),
+    Target(RUNTIME_ENV, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", ENGINE_CONFIG_HOOK),
+    Target(S3_ANONYMOUS, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", ENGINE_CONFIG_HOOK),
+    Target(AUX_PULL, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", ENGINE_CONFIG_HOOK,
            only_for=("vllm", *VLLM_AUX_PULL_RACE)),
     # vLLM 0.10.2-0.22 with HF_HUB_OFFLINE=1: EngineArgs.__post_init__ hands the model (and tokenizer) to
     # the module's own get_model_path, a Hub snapshot_download for anything not on disk: an object-store
@@ -127,9 +134,9 @@ TARGETS: tuple[Target, ...] = (
     Target(OFFLINE, VLLM_ARG_UTILS, "get_model_path", "ray_runai_shim.integrations.offline:get_model_path",
            only_for=("vllm", *VLLM_OFFLINE_HUB_LOOKUP), if_has="get_model_path"),
     # Every reader on a node (engines x TP/PP ranks) streams the whole checkpoint: relay it through
-    # node memory, read once; one streamer memory budget per node. Outermost on create_engine_config
-    # (after the handoffs above), so it sees the weights URI vLLM will stream; released once loaded.
-    Target(RELAY, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", "ray_runai_shim.integrations.relay:create_engine_config"),
+    # node memory, read once; one streamer memory budget per node (the engine-config hook's last
+    # step, so it sees the weights URI vLLM will stream); released once loaded.
+    Target(RELAY, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", ENGINE_CONFIG_HOOK),
     Target(RELAY, STAGE_MODULE, "vLLMEngineStage.__init__", "ray_runai_shim.integrations.relay:stage_init",
            if_has="vLLMEngineStage"),
     Target(RELAY, VLLM_ASYNC_LLM, "AsyncLLM.__init__", "ray_runai_shim.integrations.relay:engine_ready",
@@ -153,17 +160,14 @@ TARGETS: tuple[Target, ...] = (
     # ... and with pipeline parallelism > 1, Ray's full download on every node of the placement group.
     Target(SERVE_DOWNLOAD, NODE_INIT, "initialize_worker_nodes", "ray_runai_shim.integrations.serve:worker_nodes",
            unless_has="STREAMING_LOAD_FORMATS", requires=("initialize_node",)),
-    Target(SERVE_HANDOFF, VLLM_MODELS, "VLLMEngineConfig.get_initialization_kwargs",
-           "ray_runai_shim.integrations.serve:init_kwargs"),
+    Target(SERVE_HANDOFF, VLLM_MODELS, "VLLMEngineConfig.get_initialization_kwargs", SERVE_KWARGS_HOOK),
     # Serve LLM 2.51: per-node ray.remote(initialize_remote_node) downloads (not the task itself:
     # Ray pickles it by reference), and the same handoff in the moved module.
     Target(SERVE_DOWNLOAD, REMOTE_NODE_INIT, "download_model_files", "ray_runai_shim.integrations.serve:remote_node_download",
            requires=("initialize_remote_node",)),
-    Target(SERVE_HANDOFF, ENGINES_VLLM_MODELS, "VLLMEngineConfig.get_initialization_kwargs",
-           "ray_runai_shim.integrations.serve:init_kwargs"),
+    Target(SERVE_HANDOFF, ENGINES_VLLM_MODELS, "VLLMEngineConfig.get_initialization_kwargs", SERVE_KWARGS_HOOK),
     # Serve LLM 2.52-2.58: a streaming mirror source reaches vLLM as the bare model_id (ray#64978).
-    Target(SERVE_MIRROR, ENGINES_VLLM_MODELS, "VLLMEngineConfig.get_initialization_kwargs",
-           "ray_runai_shim.integrations.serve_mirror:init_kwargs"),
+    Target(SERVE_MIRROR, ENGINES_VLLM_MODELS, "VLLMEngineConfig.get_initialization_kwargs", SERVE_KWARGS_HOOK),
 )
 
 

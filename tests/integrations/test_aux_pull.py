@@ -3,7 +3,7 @@
 The race itself (vLLM 0.11-0.15, several engines at once) and its control run in layered
 envs holding those releases (``tests/matrix/vllm_race/``; nox ``vllm-0.13.0``,
 ``vllm-0.15.1``). Here: the version gate on this venv's vLLM 0.32, which has the fix and
-so is never patched, and the wrapper itself, applied by hand to vLLM 0.32's real
+so is never patched, and the step itself, its hook applied by hand to vLLM 0.32's real
 ``EngineArgs`` against moto (the ``model_weights`` route, as on 0.14-0.15), with the cases
 it must leave alone.
 """
@@ -33,10 +33,11 @@ def test_the_target_is_limited_to_the_vllm_releases_with_the_race():
 PROBE = """
 import json, os
 import ray_runai_shim
-from ray_runai_shim.integrations import aux_pull
+from ray_runai_shim.integrations import engine_config
 from ray_runai_shim import registry
 import vllm.engine.arg_utils as au
-registry.wrap("test", "create_engine_config", au, "EngineArgs.create_engine_config", aux_pull.create_engine_config)
+# the engine-config hook with only the aux-pull step on (this vLLM has the fix: the table would not)
+registry.wrap("vllm-aux-pull", engine_config.NAME, au, "EngineArgs.create_engine_config", engine_config.create_engine_config)
 out = {{}}
 def build(name, **kw):
     args = au.EngineArgs(load_format="runai_streamer", dtype="float32", max_model_len=256, enforce_eager=True, **kw)
