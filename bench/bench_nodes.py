@@ -434,7 +434,7 @@ def child_main(args: dict[str, Any]) -> None:
     import torch  # noqa: F401
     from support import relaychild
 
-    from ray_runai_shim.integrations.relay_readers import readers_on_node, relay_wanted
+    from ray_runai_shim.integrations.reader_count import readers_on_node, relay_wanted
     from ray_runai_shim.snapshot import relay  # noqa: F401
 
     # --verify: relaychild's per-tensor sha256; else a copy per tensor (as vLLM copies it into its

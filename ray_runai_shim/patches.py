@@ -221,5 +221,5 @@ def state() -> dict[str, Any]:
         serve_why=serve.why if serve else None,
         patched=sorted({name for _patch, name in applied}),
         patches_applied=sorted({patch for patch, _name in applied}),
-        relay=list(getattr(sys.modules.get("ray_runai_shim.integrations.relay"), "decisions", [])),
+        relay=list(getattr(sys.modules.get("ray_runai_shim.integrations.engine_relay"), "decisions", [])),
     )

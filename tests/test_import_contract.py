@@ -26,8 +26,8 @@ def test_the_package_keeps_its_layers(tmp_path):
 
     # Control: one back-import (the memory reading importing the vLLM hook above it) breaks it.
     memory = tmp_path / "ray_runai_shim" / "snapshot" / "memory.py"
-    memory.write_text(memory.read_text() + "\n\ndef _back():\n    from ..integrations import relay  # noqa\n")
+    memory.write_text(memory.read_text() + "\n\ndef _back():\n    from ..integrations import engine_relay  # noqa\n")
     broken = lint(tmp_path)
     assert broken.returncode != 0 and "0 kept, 1 broken" in broken.stdout
     assert "ray_runai_shim.snapshot is not allowed to import ray_runai_shim.integrations" in broken.stdout
-    assert "ray_runai_shim.snapshot.memory -> ray_runai_shim.integrations.relay" in broken.stdout
+    assert "ray_runai_shim.snapshot.memory -> ray_runai_shim.integrations.engine_relay" in broken.stdout

@@ -137,15 +137,15 @@ TARGETS: tuple[Target, ...] = (
     # node memory, read once; one streamer memory budget per node (the engine-config hook's last
     # step, so it sees the weights URI vLLM will stream); released once loaded.
     Target(RELAY, VLLM_ARG_UTILS, "EngineArgs.create_engine_config", ENGINE_CONFIG_HOOK),
-    Target(RELAY, STAGE_MODULE, "vLLMEngineStage.__init__", "ray_runai_shim.integrations.relay:stage_init",
+    Target(RELAY, STAGE_MODULE, "vLLMEngineStage.__init__", "ray_runai_shim.integrations.engine_relay:stage_init",
            if_has="vLLMEngineStage"),
-    Target(RELAY, VLLM_ASYNC_LLM, "AsyncLLM.__init__", "ray_runai_shim.integrations.relay:engine_ready",
+    Target(RELAY, VLLM_ASYNC_LLM, "AsyncLLM.__init__", "ray_runai_shim.integrations.engine_relay:engine_ready",
            if_has="AsyncLLM"),
-    Target(RELAY, VLLM_LLM_ENGINE, "LLMEngine.__init__", "ray_runai_shim.integrations.relay:engine_ready",
+    Target(RELAY, VLLM_LLM_ENGINE, "LLMEngine.__init__", "ray_runai_shim.integrations.engine_relay:engine_ready",
            if_has="LLMEngine"),
     # each rank reads the relay's copy as it lands (the engine's process pipelines only where this applies)
     Target(RELAY_READER, VLLM_RUNAI_LOADER, "RunaiModelStreamerLoader._get_weights_iterator",
-           "ray_runai_shim.integrations.relay_reader:weights_iterator", if_has="RunaiModelStreamerLoader"),
+           "ray_runai_shim.integrations.runai_loader:weights_iterator", if_has="RunaiModelStreamerLoader"),
     # vLLM's workers on other nodes (TP/PP across nodes) are told a model dir that exists only on the
     # node that built the config (vllm#50616): fetch the non-weight files there, in the worker.
     Target(PEER_FILES, VLLM_WORKER_BASE, "WorkerWrapperBase.init_worker", "ray_runai_shim.integrations.peer_files:init_worker",

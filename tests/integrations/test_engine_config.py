@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 PROBE = """
 import json
 from ray_runai_shim import registry
-from ray_runai_shim.integrations import anonymous, aux_pull, engine_config, relay, vllm_args
+from ray_runai_shim.integrations import anonymous, aux_pull, engine_config, engine_relay as relay, vllm_args
 import vllm.engine.arg_utils as au
 
 calls = []

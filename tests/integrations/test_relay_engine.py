@@ -1,4 +1,4 @@
-"""``integrations/relay.py`` in the engine's process: which ranks share the node, and the memory
+"""``integrations/engine_relay.py`` in the engine's process: which ranks share the node, and the memory
 limit as vLLM's ranks receive it.
 
 Ranks of vLLM's Ray executor (Serve LLM's) are Ray workers placed by the engine's placement
@@ -30,7 +30,7 @@ import ray_runai_shim
 from ray_runai_shim.snapshot import memory
 memory.LOCAL_READ_BYTES = {buffer}
 import vllm.engine.arg_utils as au
-from ray_runai_shim.integrations import relay
+from ray_runai_shim.integrations import engine_relay
 args = au.EngineArgs(model={uri!r}, load_format="runai_streamer", tensor_parallel_size=2, dtype="float32",
                      max_model_len=128, enforce_eager=True)
 config = args.create_engine_config()
@@ -77,7 +77,7 @@ import json, ray
 from types import SimpleNamespace
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-from ray_runai_shim.integrations.relay_readers import ranks_all_here
+from ray_runai_shim.integrations.reader_count import ranks_all_here
 ray.init(num_cpus=2, include_dashboard=False)
 engine = SimpleNamespace(distributed_executor_backend="ray", tensor_parallel_size=2, pipeline_parallel_size=1)
 

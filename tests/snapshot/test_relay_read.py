@@ -1,7 +1,7 @@
 """The pipelined node relay: every reader starts on the bytes already on the node.
 
 Real processes (``support/relaychild.py``: the relay, then what vLLM's rank does with a copy
-in progress, ``integrations/relay_reader.as_it_lands``, and the real streamer otherwise), a
+in progress, ``integrations/runai_loader.as_it_lands``, and the real streamer otherwise), a
 real S3 server (moto) behind the counting, rate-limiting and stalling proxy. What is
 observed, not inferred: a follower holds tensors while the copy is still incomplete on disk.
 Each test has its control: the same readers waiting for the whole copy, or without the rule.
@@ -25,7 +25,7 @@ from support.procs import base_env
 from support.proxy import CountingProxy
 from support.relaychild import CHILD
 
-from ray_runai_shim.integrations.relay_reader import as_it_lands
+from ray_runai_shim.integrations.runai_loader import as_it_lands
 from ray_runai_shim.snapshot import relay, relay_copy, relay_progress, relay_read
 from ray_runai_shim.stores.endpoint import endpoint_s3_filesystem
 

@@ -49,7 +49,7 @@ def stream_tensors(paths: list[str]) -> dict[str, str]:
 
 
 def live_tensors(tensors: Any) -> dict[str, str]:
-    """Per-tensor sha256 of a copy in progress, read as it lands (vLLM's rank: relay_reader)."""
+    """Per-tensor sha256 of a copy in progress, read as it lands (vLLM's rank: runai_loader)."""
     import torch
 
     out = {}
@@ -95,8 +95,8 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
             set_budget(int(args["budget"]), str(got.path) if got is not None else args["uri"], fs_and_path)
             result["memory_limit"] = os.environ.get(MEMORY_LIMIT)
         live = relay_read.open_live(got.path) if got is not None and got.live else None
-        if live is not None:  # what the vLLM rank does with a copy in progress (integrations/relay_reader.py)
-            from ray_runai_shim.integrations.relay_reader import as_it_lands
+        if live is not None:  # what the vLLM rank does with a copy in progress (integrations/runai_loader.py)
+            from ray_runai_shim.integrations.runai_loader import as_it_lands
 
             def streamer_iterator(path: str, *_rest: Any) -> Any:  # vLLM's own: the streamer on *path*'s files
                 from runai_model_streamer import SafetensorsStreamer

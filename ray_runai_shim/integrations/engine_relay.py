@@ -14,7 +14,7 @@ reader on the node frees it (:mod:`..snapshot.relay`).
 
 What an engine meets, in order: :func:`stage_init` (Ray Data's driver: how many engines share
 a node), the engine-config hook's steps :func:`checks` and :func:`relay_config` (count the
-readers, :mod:`.relay_readers`; relay or stream; the memory budget, :mod:`.relay_budget`;
+readers, :mod:`.reader_count`; relay or stream; the memory budget, :mod:`.relay_budget`;
 :mod:`.engine_config` runs them), :func:`engine_ready` (release).
 """
 
@@ -36,6 +36,14 @@ from ..snapshot.handoff import UNSIGNED
 from ..tables import settings
 from ..tables.support import is_remote_uri, join_anonymous, normalize_load_format
 from ..tables.targets import VLLM_RUNAI_LOADER
+from .reader_count import (
+    engines_per_node,
+    ranks_all_here,
+    readers_on_node,
+    relay_for_the_cluster,
+    relay_wanted,
+    stage_engines,
+)
 from .relay_budget import (
     REQUEST_TIMEOUT,
     REQUEST_TIMEOUT_MS,
@@ -44,14 +52,6 @@ from .relay_budget import (
     check_memory_limit,
     loader_extra,
     user_memory_limit,
-)
-from .relay_readers import (
-    engines_per_node,
-    ranks_all_here,
-    readers_on_node,
-    relay_for_the_cluster,
-    relay_wanted,
-    stage_engines,
 )
 
 RELAYED_FORMATS = ("runai_streamer",)
@@ -164,7 +164,7 @@ def _autoload_installed() -> bool:
 
 def ranks_read_as_it_lands(arm: bool = True) -> bool:
     """The ranks will read a copy in progress as it lands: this vLLM's runai loader has the
-    door the shim wraps (:mod:`.relay_reader`) and vLLM's engine core and workers, started from
+    door the shim wraps (:mod:`.runai_loader`) and vLLM's engine core and workers, started from
     this process, load the shim at interpreter start: the wheel's autoload ``.pth`` is
     installed and ``RAY_RUNAI_SHIM_AUTOLOAD=1`` is set here for them (unless the user set it
     to something else). Otherwise the relay hands over only a whole copy: a rank without the
