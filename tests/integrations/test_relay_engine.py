@@ -41,7 +41,7 @@ from vllm.model_executor.model_loader.runai_streamer_loader import RunaiModelStr
 RunaiModelStreamerLoader(pickle.loads(pickle.dumps(config.load_config)))
 out["rank_env"] = os.environ.get("RUNAI_STREAMER_MEMORY_LIMIT")
 out["patched"] = ray_runai_shim.status()["patched"]
-relay.release_all()
+engine_relay.release_all()
 print(json.dumps(out))
 """
 
