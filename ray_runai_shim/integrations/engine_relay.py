@@ -56,7 +56,7 @@ from .relay_budget import (
 
 RELAYED_FORMATS = ("runai_streamer",)
 READER_DOOR = "RunaiModelStreamerLoader._get_weights_iterator"
-#: Tests turn this off: every reader waits for the whole copy, as before the pipelined relay.
+#: Tests turn this off: every reader waits for the whole copy (the control of the pipelined relay).
 PIPELINE = True
 
 _lock = threading.Lock()

@@ -1,9 +1,9 @@
 """How many readers of one model share this node: the ranks of each engine times the engines.
 
 The node relay pays off only where two or more readers on one node load the same checkpoint
-(:mod:`.relay` asks :func:`readers_on_node`), and the streamer budget is a node's memory shared
+(:mod:`.engine_relay` asks :func:`readers_on_node`), and the streamer budget is a node's memory shared
 among them (:mod:`.relay_budget`). Every front-end says it its own way: Ray Data's stage through
-``RAY_RUNAI_SHIM_NODE_ENGINES`` (set by :func:`.relay.stage_init`), a Serve replica through its
+``RAY_RUNAI_SHIM_NODE_ENGINES`` (set by :func:`.engine_relay.stage_init`), a Serve replica through its
 deployment's size, vLLM's Ray executor through its placement group.
 """
 

@@ -1,12 +1,12 @@
 """vLLM's runai loader, in each rank: start on the relay copy's bytes already on the node.
 
 The engine's process hands vLLM the node relay's copy as ``model_weights``
-(:mod:`.relay`). While that copy is still being made, each rank reads every tensor as soon
+(:mod:`.engine_relay`). While that copy is still being made, each rank reads every tensor as soon
 as its bytes are on the node and verified (:mod:`..snapshot.relay_read`), instead of waiting
 for the whole copy: a node is ready after about max(copy, load), not copy + load. Wrapped:
 ``RunaiModelStreamerLoader._get_weights_iterator`` (the loader's one door to the weights; vLLM
 copies each tensor into its parameter whatever the order). A complete copy is left to vLLM,
-which streams its files with the user's ``runai_streamer`` format as before. Should the copy
+which streams its files with the user's ``runai_streamer`` format. Should the copy
 fail or stall, the rank streams the whole checkpoint from the store with vLLM's own iterator
 (every tensor again: whatever it had read is overwritten by one version), after one WARNING.
 """

@@ -93,7 +93,7 @@ def _check_recorded(
     listing = Listing(ctx.model, [RemoteFile(key, 0, None) for key in nonweights or []],
                       [RemoteFile(key, size, None) for key, size in weights])
     check_streamable(listing, load_format, ctx.engine_kwargs)
-    if nonweights is not None and load_format in STREAMABLE_SUFFIXES:  # records before #27 have no key list
+    if nonweights is not None and load_format in STREAMABLE_SUFFIXES:  # a record without a key list: nothing to check it against
         check_model_config(listing, ctx.engine_kwargs)
 
 

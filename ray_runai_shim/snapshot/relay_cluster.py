@@ -90,7 +90,7 @@ def wanted() -> bool:
     """Whether this process shares copies with other nodes: Ray is up with two or more nodes."""
     try:
         return len(alive_nodes()) >= 2
-    except Exception:  # a GCS hiccup: the node relay alone, as before
+    except Exception:  # a GCS hiccup: the node relay alone
         return False
 
 
@@ -370,7 +370,7 @@ def _why(e: BaseException) -> str:
 
 def join(key: str, uri: str, nbytes: int, room: Callable[[], int]) -> Optional[Share]:
     """This node's part for the copy of *key*, or None (no cluster, sharing off, or Ray said
-    no: the node relay copies from the store as before). *room*: what the node's memory can
+    no: the node relay copies from the store). *room*: what the node's memory can
     take beyond the copy itself, asked when another node wants the model."""
     ray = _ray()
     if ray is None:

@@ -12,7 +12,7 @@ as sharded ones: the unit is the tensor, not the file.
 Whatever stops the copy (it failed, or nothing moved for ``STALL_S``) is :class:`Unavailable`,
 with the source URI: the caller streams the whole checkpoint from the store instead (every
 tensor again, so the model is of one version whatever it had read). A copy that is already
-complete is not a live copy (:func:`open_live` returns None): it is read as files, as before.
+complete is not a live copy (:func:`open_live` returns None): it is read as files.
 """
 
 from __future__ import annotations
