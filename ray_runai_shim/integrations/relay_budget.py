@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 from ..errors import ShimError
 from ..log import human_bytes, logger
-from ..snapshot import headers, memory
+from ..snapshot import headers, memory, relay_cluster
 from ..tables import settings
 from ..tables.support import is_remote_uri
 
@@ -70,10 +70,15 @@ def set_budget(readers: int, weights: str, fs_and_path: FsAndPath = None, local:
         local = not is_remote_uri(weights)
     room = memory.room(Path("/dev/shm"))
     usable = room.usable()
+    checkpoint, held = None, 0
+    if relay_cluster.wanted():  # Ray's object store may hold the model for the other nodes, in this memory
+        checkpoint = _checkpoint(weights, fs_and_path)
+        held = relay_cluster.object_store_share(checkpoint[0])
+        usable = max(0, usable - held)
     budget = memory.reader_budget(readers, usable)
     if budget is None and not local:
         return None  # 40 GB each fits: nothing to read
-    total, largest_of = _checkpoint(weights, fs_and_path)
+    total, largest_of = checkpoint or _checkpoint(weights, fs_and_path)
     budget = memory.reader_budget(readers, usable, total=total)
     largest = largest_of() if budget is not None or local else 0
     if budget is not None:
@@ -89,8 +94,9 @@ def set_budget(readers: int, weights: str, fs_and_path: FsAndPath = None, local:
             "tensor (%s) each: the streamer reads one tensor at a time (%s=0); free memory or set %s (%s)",
             human_bytes(usable), readers, human_bytes(largest), MEMORY_LIMIT, MEMORY_LIMIT, room.describe())
     else:
-        logger.info("ray-runai-shim: streamer memory budget %s per reader (%d readers on this node; %s)",
-                    human_bytes(budget), readers, room.describe())
+        shared = f"; {human_bytes(held)} left to Ray's object store for the other nodes" if held else ""
+        logger.info("ray-runai-shim: streamer memory budget %s per reader (%d readers on this node; %s%s)",
+                    human_bytes(budget), readers, room.describe(), shared)
     return budget
 
 

@@ -94,6 +94,24 @@ def wanted() -> bool:
         return False
 
 
+def object_store_share(nbytes: int) -> int:
+    """What Ray's object store on this node may come to hold for the cluster relay of a model of
+    *nbytes*: the whole model where this node shares it (it fits under ``STORE_SHARE`` of the
+    node's object store), else nothing; 0 outside a cluster. The object store lives in the same
+    memory as the node copy and the streamer's buffers (``/dev/shm``), so the streamer's budget
+    leaves it out (:func:`..integrations.relay_budget.set_budget`)."""
+    try:
+        nodes = alive_nodes()
+        if len(nodes) < 2:
+            return 0
+        node = _ray().get_runtime_context().get_node_id()
+        capacity = next((n.get("Resources", {}).get("object_store_memory", 0) for n in nodes
+                         if n.get("NodeID") == node), 0)
+    except Exception:
+        return 0
+    return nbytes if nbytes <= STORE_SHARE * capacity else 0
+
+
 class Registry:
     """Who copies which model, and the ranges it has verified (held here, so they outlive it).
 

@@ -91,3 +91,84 @@ def test_the_same_greedy_tokens_no_weight_byte_on_disk_or_spilled_and_clean_rela
     for run in (runs["auto"], runs["off"]):
         assert run["weights_on_disk"] == [] and run["spilled"] == []
         assert run["left_in_relay_dirs"] == []
+
+
+# --------------------------------------------------------------------------- Serve LLM
+
+SERVE_DRIVER = REPO / "tests" / "support" / "serve_app.py"
+
+
+def serve_on_two_nodes(s3, model, setting: str) -> dict:
+    """One Serve LLM app, two replicas, at most one per node (each node has one replica slot)."""
+    root = Path(tempfile.mkdtemp(prefix=f"rrs-cs{setting[:2]}-", dir="/tmp"))
+    sandbox = make_sandbox(s3, root)
+    try:
+        with CountingProxy(s3.port) as proxy:
+            sandbox.env.update(AWS_ENDPOINT_URL=proxy.endpoint, AWS_ENDPOINT_URL_S3=proxy.endpoint,
+                               RAY_RUNAI_SHIM_CLUSTER_RELAY=setting, RAY_RUNAI_SHIM_TEST_SERVE_COMPAT="1")
+            with RayCluster(sandbox.env, root=root / "cluster") as cluster:
+                nodes = []
+                for i, start in enumerate((cluster.start_head, cluster.add_node)):
+                    node = root / f"node{i}"
+                    for sub in ("home", "tmp", "relay"):
+                        (node / sub).mkdir(parents=True)
+                    nodes.append(node)
+                    # a replica takes two CPU bundles on its node (Serve's actor, vLLM's engine)
+                    start('--resources={"rrs_replica_slot": 1, "accelerator_type:Intel-GAUDI": 1}',
+                          "--num-cpus=4" if i == 0 else "--num-cpus=3", "--num-gpus=0",
+                          "--object-store-memory=200000000",
+                          env={"HOME": str(node / "home"), "TMPDIR": str(node / "tmp"),
+                               "RAY_RUNAI_SHIM_RELAY_DIR": str(node / "relay")})
+                out = root / "result.json"
+                apps = [["tiny", model.uri, {"replicas": 2, "per_node": 1}]]
+                try:
+                    proc = subprocess.run([sys.executable, str(SERVE_DRIVER), json.dumps(apps), str(out),
+                                           cluster.address], env=sandbox.env, cwd=str(root), capture_output=True,
+                                          text=True, timeout=600)
+                except subprocess.TimeoutExpired:
+                    proc = None
+                logs = "\n".join(p.read_text(errors="replace")
+                                 for p in (root / "cluster").glob("t/session_2*/logs/**/*") if p.is_file()
+                                 and ("worker-" in p.name or "controller" in p.name))
+                assert proc is not None, f"the Serve app did not answer in 600 s:\n{logs[-8000:]}"
+                assert proc.returncode == 0 and out.exists(), f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+                spilled = [str(p) for p in (root / "cluster").rglob("*") if "spill" in p.name]
+            weights = proxy.body_bytes(".safetensors")
+        return {"result": json.loads(out.read_text()), "store_weight_bytes": weights, "logs": logs,
+                "spilled": spilled, "weights_on_disk": sandbox.weight_bytes_on_disk(model),
+                "left_in_relay_dirs": [str(p) for n in nodes for p in (n / "relay").rglob("*")]}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def completion(run: dict) -> str:
+    result = run["result"]
+    assert "error" not in result, result.get("error")
+    assert result["tiny"]["status"] == 200, result["tiny"]
+    [choice] = result["tiny"]["body"]["choices"]
+    return choice["text"]
+
+
+@pytest.fixture(scope="module")
+def serve_runs(s3, models):
+    model = models[MODEL]
+    return {"size": sum((model.local / w).stat().st_size for w in model.weights),
+            "auto": serve_on_two_nodes(s3, model, "auto")}
+
+
+def test_a_serve_app_with_a_replica_on_each_of_two_nodes_reads_the_store_once(serve_runs):
+    run = serve_runs["auto"]
+    said = [ln for ln in run["logs"].splitlines() if "relay" in ln]
+    assert run["store_weight_bytes"] <= 1.1 * serve_runs["size"], (run["store_weight_bytes"], serve_runs["size"], said)
+    assert "cluster relay: taking s3://" in run["logs"], said  # the second node took it from the first
+    assert "shares it with the other nodes through Ray's object store" in run["logs"], said
+    assert completion(run).strip()
+    assert run["weights_on_disk"] == [] and run["spilled"] == [] and run["left_in_relay_dirs"] == []
+
+
+@pytest.mark.extended
+def test_control_a_serve_app_on_two_nodes_without_the_cluster_relay_reads_it_twice(s3, models, serve_runs):
+    model = models[MODEL]
+    off = serve_on_two_nodes(s3, model, "off")
+    assert off["store_weight_bytes"] >= 2 * serve_runs["size"], off["store_weight_bytes"]
+    assert completion(off) == completion(serve_runs["auto"])  # the same greedy completion

@@ -37,7 +37,7 @@ ray.init(address={address!r}, logging_level=logging.WARNING)
 def read(uri, endpoint, weights):
     import hashlib, logging, os, time
     import torch
-    from ray_runai_shim.snapshot import relay, relay_read
+    from ray_runai_shim.snapshot import relay, relay_cluster, relay_read
     from ray_runai_shim.stores.endpoint import endpoint_s3_filesystem
 
     said = []
@@ -66,7 +66,9 @@ def read(uri, endpoint, weights):
         relay.release(got)
     return {{"node": ray.get_runtime_context().get_node_id(), "relayed": got is not None,
             "fetched": bool(got and got.fetched), "tensors": digests, "said": said,
-            "ready_s": time.monotonic() - t0, "relay_dir": os.environ.get("RAY_RUNAI_SHIM_RELAY_DIR")}}
+            "ready_s": time.monotonic() - t0, "relay_dir": os.environ.get("RAY_RUNAI_SHIM_RELAY_DIR"),
+            # what the streamer's budget leaves to Ray's object store: this model, one far too large
+            "store_share": [relay_cluster.object_store_share({nbytes!r}), relay_cluster.object_store_share(1 << 40)]}}
 
 
 def on(i):  # each node has a resource of its own: n0, n1
@@ -221,7 +223,8 @@ def _run_two_nodes(s3, model: dict, tmp_path: Path, setting: str, kill_source: b
                            "RAY_RUNAI_SHIM_RELAY_DIR": str(node / "relay")})
             code = DRIVER.format(address=cluster.address, uri=model["uri"], endpoint=link.endpoint,
                                  weights=model["weights"], name=relay_cluster.NAME, namespace=relay_cluster.NAMESPACE,
-                                 kill_source=kill_source, relays=[str(d / "relay") for d in dirs])
+                                 kill_source=kill_source, relays=[str(d / "relay") for d in dirs],
+                                 nbytes=model["bytes"])
             proc = run_python(code, env=env, timeout=900)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             assert proc.returncode == 0 and lines, (proc.stdout[-3000:], proc.stderr[-5000:])
@@ -243,6 +246,8 @@ def test_the_second_node_takes_the_weights_from_the_first_through_ray(s3, model,
     assert "taking s3://" in said and "through Ray's object store" in said, said
     assert "WARNING" not in said, said
     assert model["bytes"] <= weights <= 1.1 * model["bytes"], weights / model["bytes"]  # one store read for two nodes
+    # the streamer's budget on each node leaves the model's size to Ray's object store
+    assert [r["store_share"] for r in readers] == [[model["bytes"], 0]] * 2
     assert result["spilled"] == []  # not a byte spilled to disk
     for node in dirs:  # nothing on any node's disk, and each relay directory is clean after the loads
         assert _files_under(node / "home", (".safetensors",)) == []
@@ -256,6 +261,7 @@ def test_control_with_the_cluster_relay_off_every_node_reads_the_store(s3, model
     assert all(r["tensors"] == model["tensors"] for r in readers)
     assert weights >= 1.9 * model["bytes"], weights / model["bytes"]
     assert result["registry"] is None
+    assert [r["store_share"] for r in readers] == [[0, 0]] * 2  # nothing left to an object store not used
     assert os.environ.get(relay_cluster.CLUSTER_RELAY) is None
 
 
