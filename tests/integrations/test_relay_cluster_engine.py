@@ -7,6 +7,7 @@ store once. Control: the cluster relay off, each node reads the store (2 x S).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -24,13 +25,18 @@ pytestmark = [pytest.mark.engine, pytest.mark.ray]
 MODEL = "tiny-sharded"
 
 
-def run_on_two_nodes(s3, model, setting: str) -> dict:
-    root = Path(tempfile.mkdtemp(prefix=f"rrs-cr{setting[:2]}-", dir="/tmp"))
+@contextlib.contextmanager
+def two_nodes(s3, tag: str, setting: str, resources: str, cpus: tuple[int, int], **env: str):
+    """A head and one worker node of a ``ray start`` cluster, each with its own HOME, TMPDIR and
+    relay directory (as separate machines: no memory-backed dir is shared) and *resources*, the
+    bucket behind the counting proxy, the cluster relay *setting*. Yields (root, sandbox, proxy,
+    cluster, node dirs); removes the root after."""
+    root = Path(tempfile.mkdtemp(prefix=f"rrs-{tag}{setting[:2]}-", dir="/tmp"))
     sandbox = make_sandbox(s3, root)
     try:
         with CountingProxy(s3.port) as proxy:
             sandbox.env.update(AWS_ENDPOINT_URL=proxy.endpoint, AWS_ENDPOINT_URL_S3=proxy.endpoint,
-                               RAY_RUNAI_SHIM_CLUSTER_RELAY=setting)
+                               RAY_RUNAI_SHIM_CLUSTER_RELAY=setting, **env)
             with RayCluster(sandbox.env, root=root / "cluster") as cluster:
                 nodes = []
                 for i, start in enumerate((cluster.start_head, cluster.add_node)):
@@ -38,26 +44,34 @@ def run_on_two_nodes(s3, model, setting: str) -> dict:
                     for sub in ("home", "tmp", "relay"):
                         (node / sub).mkdir(parents=True)
                     nodes.append(node)
-                    start('--resources={"fake_accel": 1}', "--num-cpus=2" if i == 0 else "--num-cpus=1",
-                          "--num-gpus=0", "--object-store-memory=200000000",
+                    start(f"--resources={resources}", f"--num-cpus={cpus[i]}", "--num-gpus=0",
+                          "--object-store-memory=200000000",
                           env={"HOME": str(node / "home"), "TMPDIR": str(node / "tmp"),
                                "RAY_RUNAI_SHIM_RELAY_DIR": str(node / "relay")})
-                out = root / "rows.json"
-                proc = subprocess.run(
-                    [sys.executable, str(REPO / "examples" / "stream_from_s3.py"), model.uri, "--cpu",
-                     "--address", cluster.address, "--concurrency", "2", "--json", str(out)],
-                    env=sandbox.env, cwd=str(root), capture_output=True, text=True, timeout=900)
-                logs = "\n".join(p.read_text(errors="replace")
-                                 for p in (root / "cluster").glob("t/session_2*/logs/worker-*"))
-                assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}\n{logs[-6000:]}"
-                spilled = [str(p) for p in (root / "cluster").rglob("*") if "spill" in p.name]
-            weights = proxy.body_bytes(".safetensors")
-        return {"rows": json.loads(out.read_text())["rows"], "store_weight_bytes": weights, "logs": logs,
-                "spilled": spilled, "weights_on_disk": sandbox.weight_bytes_on_disk(model),
-                "left_in_relay_dirs": [str(p) for n in nodes for p in (n / "relay").rglob("*")],
-                "engine_calls": sandbox.engine_calls()}
+                yield root, sandbox, proxy, cluster, nodes
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _spilled(root: Path) -> list[str]:
+    return [str(p) for p in (root / "cluster").rglob("*") if "spill" in p.name]
+
+
+def run_on_two_nodes(s3, model, setting: str) -> dict:
+    with two_nodes(s3, "cr", setting, '{"fake_accel": 1}', (2, 1)) as (root, sandbox, proxy, cluster, nodes):
+        out = root / "rows.json"
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "examples" / "stream_from_s3.py"), model.uri, "--cpu",
+             "--address", cluster.address, "--concurrency", "2", "--json", str(out)],
+            env=sandbox.env, cwd=str(root), capture_output=True, text=True, timeout=900)
+        logs = "\n".join(p.read_text(errors="replace") for p in (root / "cluster").glob("t/session_2*/logs/worker-*"))
+        assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}\n{logs[-6000:]}"
+        spilled = _spilled(root)  # Ray's temp dir goes with the cluster: looked at before it stops
+        cluster.stop()  # the relay dirs are looked at once every process of the job is gone
+        return {"rows": json.loads(out.read_text())["rows"], "store_weight_bytes": proxy.body_bytes(".safetensors"),
+                "logs": logs, "spilled": spilled, "weights_on_disk": sandbox.weight_bytes_on_disk(model),
+                "left_in_relay_dirs": [str(p) for n in nodes for p in (n / "relay").rglob("*")],
+                "engine_calls": sandbox.engine_calls()}
 
 
 @pytest.fixture(scope="module")
@@ -99,46 +113,27 @@ SERVE_DRIVER = REPO / "tests" / "support" / "serve_app.py"
 
 
 def serve_on_two_nodes(s3, model, setting: str) -> dict:
-    """One Serve LLM app, two replicas, at most one per node (each node has one replica slot)."""
-    root = Path(tempfile.mkdtemp(prefix=f"rrs-cs{setting[:2]}-", dir="/tmp"))
-    sandbox = make_sandbox(s3, root)
-    try:
-        with CountingProxy(s3.port) as proxy:
-            sandbox.env.update(AWS_ENDPOINT_URL=proxy.endpoint, AWS_ENDPOINT_URL_S3=proxy.endpoint,
-                               RAY_RUNAI_SHIM_CLUSTER_RELAY=setting, RAY_RUNAI_SHIM_TEST_SERVE_COMPAT="1")
-            with RayCluster(sandbox.env, root=root / "cluster") as cluster:
-                nodes = []
-                for i, start in enumerate((cluster.start_head, cluster.add_node)):
-                    node = root / f"node{i}"
-                    for sub in ("home", "tmp", "relay"):
-                        (node / sub).mkdir(parents=True)
-                    nodes.append(node)
-                    # a replica takes two CPU bundles on its node (Serve's actor, vLLM's engine)
-                    start('--resources={"rrs_replica_slot": 1, "accelerator_type:Intel-GAUDI": 1}',
-                          "--num-cpus=4" if i == 0 else "--num-cpus=3", "--num-gpus=0",
-                          "--object-store-memory=200000000",
-                          env={"HOME": str(node / "home"), "TMPDIR": str(node / "tmp"),
-                               "RAY_RUNAI_SHIM_RELAY_DIR": str(node / "relay")})
-                out = root / "result.json"
-                apps = [["tiny", model.uri, {"replicas": 2, "per_node": 1}]]
-                try:
-                    proc = subprocess.run([sys.executable, str(SERVE_DRIVER), json.dumps(apps), str(out),
-                                           cluster.address], env=sandbox.env, cwd=str(root), capture_output=True,
-                                          text=True, timeout=600)
-                except subprocess.TimeoutExpired:
-                    proc = None
-                logs = "\n".join(p.read_text(errors="replace")
-                                 for p in (root / "cluster").glob("t/session_2*/logs/**/*") if p.is_file()
-                                 and ("worker-" in p.name or "controller" in p.name))
-                assert proc is not None, f"the Serve app did not answer in 600 s:\n{logs[-8000:]}"
-                assert proc.returncode == 0 and out.exists(), f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-                spilled = [str(p) for p in (root / "cluster").rglob("*") if "spill" in p.name]
-            weights = proxy.body_bytes(".safetensors")
-        return {"result": json.loads(out.read_text()), "store_weight_bytes": weights, "logs": logs,
-                "spilled": spilled, "weights_on_disk": sandbox.weight_bytes_on_disk(model),
+    """One Serve LLM app, two replicas, at most one per node (each node has one replica slot; a
+    replica takes two CPU bundles on its node: Serve's actor, vLLM's engine)."""
+    resources = '{"rrs_replica_slot": 1, "accelerator_type:Intel-GAUDI": 1}'
+    with two_nodes(s3, "cs", setting, resources, (4, 3), RAY_RUNAI_SHIM_TEST_SERVE_COMPAT="1") as (
+            root, sandbox, proxy, cluster, nodes):
+        out = root / "result.json"
+        apps = [["tiny", model.uri, {"replicas": 2, "per_node": 1}]]
+        try:
+            proc = subprocess.run([sys.executable, str(SERVE_DRIVER), json.dumps(apps), str(out), cluster.address],
+                                  env=sandbox.env, cwd=str(root), capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired:
+            proc = None
+        logs = "\n".join(p.read_text(errors="replace") for p in (root / "cluster").glob("t/session_2*/logs/**/*")
+                         if p.is_file() and ("worker-" in p.name or "controller" in p.name))
+        assert proc is not None, f"the Serve app did not answer in 600 s:\n{logs[-8000:]}"
+        assert proc.returncode == 0 and out.exists(), f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        spilled = _spilled(root)
+        cluster.stop()
+        return {"result": json.loads(out.read_text()), "store_weight_bytes": proxy.body_bytes(".safetensors"),
+                "logs": logs, "spilled": spilled, "weights_on_disk": sandbox.weight_bytes_on_disk(model),
                 "left_in_relay_dirs": [str(p) for n in nodes for p in (n / "relay").rglob("*")]}
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def completion(run: dict) -> str:
