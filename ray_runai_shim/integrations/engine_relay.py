@@ -32,6 +32,7 @@ from .. import registry
 from ..failopen import NotApplicable, fail_open, step
 from ..log import logger
 from ..snapshot import relay as node_relay
+from ..snapshot import relay_cluster
 from ..snapshot.handoff import UNSIGNED
 from ..tables import settings
 from ..tables.support import is_remote_uri, join_anonymous, normalize_load_format
@@ -130,8 +131,11 @@ def relay_config(config: Any, instance: Any) -> None:
     if not (relay_wanted(readers) or cluster):
         _decided(f"{readers} reader(s) on this node: stream {uri} from the store (relay {node_relay.mode()})")
     elif not ranks_all_here(instance):
-        _decided(f"the ranks of this engine may run on other nodes: each streams {uri} from the store")
-        logger.info("ray-runai-shim: not relaying %s: this engine's ranks are not all on this node", uri)
+        if relay_cluster.wanted() and node_relay.mode() == "auto":
+            _decided(f"the ranks of this engine may run on other nodes: each takes {uri} through its node's relay")
+        else:
+            _decided(f"the ranks of this engine may run on other nodes: each streams {uri} from the store")
+        logger.info("ray-runai-shim: not relaying %s here: this engine's ranks are not all on this node", uri)
     else:
         unsigned = os.environ.get(UNSIGNED) == "1"  # the streamer's spelling of Ray's s3://anonymous@
         pipelined = ranks_read_as_it_lands()

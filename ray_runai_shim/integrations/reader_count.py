@@ -94,6 +94,24 @@ def ranks_all_here(engine_args: Any) -> bool:
         return False
 
 
+def ranks_span_nodes() -> bool:
+    """This process is a rank of an engine whose ranks Ray placed on two or more nodes (vLLM's Ray
+    executor: its placement group's bundles are on several nodes), in a cluster that relays
+    between nodes. The engine's process cannot relay for such ranks (a copy in its node's memory
+    means nothing to a rank on another node): each rank relays on its own node instead."""
+    if node_relay.mode() != "auto" or not relay_cluster.wanted():
+        return False
+    try:
+        import ray
+
+        pg = ray.util.get_current_placement_group()
+        if pg is None:
+            return False
+        return len(set(ray.util.placement_group_table(pg).get("bundles_to_node_id", {}).values())) >= 2
+    except Exception:
+        return False
+
+
 def relay_wanted(readers: int) -> bool:
     mode = node_relay.mode()
     return mode == "on" or (mode == "auto" and readers >= 2)

@@ -103,13 +103,15 @@ def remote_code_model(s3, tmp_path_factory):
     return local, f"s3://{BUCKET}/llm/tiny-remote-code"
 
 
-def run_across_nodes(sandbox, model: Path, uri: str, route: str, shim: bool) -> tuple[dict, str, dict[str, str]]:
-    """Head (node 1) + node 2 in its own mount namespace; the driver on node 1.
+def run_across_nodes(sandbox, model: Path, uri: str, route: str, shim: bool, relay_dirs: tuple[Path, ...] = (),
+                     **extra_env: str) -> tuple[dict, str, dict[str, str]]:
+    """Head (node 1) + node 2 in its own mount namespace; the driver on node 1; *relay_dirs*: each
+    node's own relay directory (as on separate machines), else the shared default.
     (the driver's verdict, its output, each Ray worker's log file)"""
     why = _unshare_works()
     if why:
         pytest.skip(f"no private mount namespace here: {why}")
-    env = {**sandbox.env, "RAY_RUNAI_SHIM_TEST_CPU_RAY": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env = {**sandbox.env, "RAY_RUNAI_SHIM_TEST_CPU_RAY": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **extra_env}
     env.pop("RAY_RUNAI_SHIM_TEST_ENGINE_LOG", None)
     for shared in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR"):  # the nodes share no disk: not even
         env.pop(shared, None)  # the other tests' vLLM or torch caches
@@ -121,8 +123,9 @@ def run_across_nodes(sandbox, model: Path, uri: str, route: str, shim: bool) -> 
         env["TMPDIR"] = str(cluster.root / "tmp")
         (cluster.root / "tmp").mkdir()
         cluster.env.update(HOME=env["HOME"], TMPDIR=env["TMPDIR"])
-        cluster.start_head('--resources={"n1": 1, "vcpu": 1}', "--num-cpus=1", "--num-gpus=0")
-        cluster.add_node('--resources={"n2": 1, "vcpu": 1}', "--num-cpus=1", "--num-gpus=0",
+        own = [{"RAY_RUNAI_SHIM_RELAY_DIR": str(d)} for d in relay_dirs] or [None, None]
+        cluster.start_head('--resources={"n1": 1, "vcpu": 1}', "--num-cpus=1", "--num-gpus=0", env=own[0])
+        cluster.add_node('--resources={"n2": 1, "vcpu": 1}', "--num-cpus=1", "--num-gpus=0", env=own[1],
                          private=[sandbox.root], make=[sandbox.root / d for d in SANDBOX_DIRS])
         # Without the shim, Ray 2.45-2.51 hands vLLM its own copy on the engine's node: the files, here.
         local = "" if shim else str(copy_nonweight_files(model, sandbox.root / "ray-copy"))
@@ -180,6 +183,46 @@ def test_control_without_the_shim_the_second_nodes_worker_fails(sandbox, remote_
     # ... because node 2 has none of the model's files.
     assert not any("/ray-runai-shim/" in f"/{rel}" for rel, _ in out["node2"]["files"])
     assert out["node2"]["shim"] is False and "was not on this node" not in logs
+
+
+def cluster_relay_across_nodes(s3, sandbox, remote_code_model, setting: str) -> tuple[dict, str, int, int]:
+    """TP = 2 with a rank on each node, each node with its own relay directory, the bucket behind
+    the counting proxy. (verdict, logs, weight bytes the store sent, the checkpoint's weight bytes)"""
+    from support.proxy import CountingProxy
+    from support.shm import tmpdir
+
+    local, uri = remote_code_model
+    with CountingProxy(s3.port) as proxy, tmpdir("rrs-relay-n1-") as r1, tmpdir("rrs-relay-n2-") as r2:
+        out, driver, workers = run_across_nodes(
+            sandbox, local, uri, "handoff", shim=True, relay_dirs=(r1, r2), AWS_ENDPOINT_URL=proxy.endpoint,
+            AWS_ENDPOINT_URL_S3=proxy.endpoint, RAY_RUNAI_SHIM_CLUSTER_RELAY=setting)
+        left = [str(p) for d in (r1, r2) for p in d.rglob("*")]
+        sent = proxy.body_bytes(".safetensors")
+    size = sum(p.stat().st_size for p in local.glob("*.safetensors"))
+    assert left == [], left  # both nodes' relay dirs clean once the engine loaded
+    return out, driver + "\n".join(workers.values()), sent, size
+
+
+@ENGINE
+def test_the_ranks_of_an_engine_on_two_nodes_read_the_store_once(s3, sandbox, remote_code_model):
+    """#37, multi-node TP: the engine's process cannot relay for a rank on another node, so each
+    rank takes the weights through its own node's relay, and the two relays share them through
+    Ray's object store: the store sends S once, not once per rank; the same greedy text."""
+    out, logs, sent, size = cluster_relay_across_nodes(s3, sandbox, remote_code_model, "auto")
+    assert "error" not in out, out.get("error")
+    assert out["texts"] == [", this is a tiny llama model for", " jumps over the lazy dog."], out["texts"]
+    assert sent <= 1.1 * size, (sent, size, [ln for ln in logs.splitlines() if "relay" in ln][-20:])
+    ranks = set(re.findall(r"this rank of an engine spread over nodes reads .*? \(pid (\d+)\)", logs))
+    assert len(ranks) == 2, logs[-4000:]  # both ranks, each through its own node's relay
+    assert "cluster relay: taking s3://" in logs
+
+
+@ENGINE
+@pytest.mark.extended
+def test_control_the_ranks_on_two_nodes_without_the_cluster_relay_read_it_once_each(s3, sandbox, remote_code_model):
+    out, logs, sent, size = cluster_relay_across_nodes(s3, sandbox, remote_code_model, "off")
+    assert out["texts"] == [", this is a tiny llama model for", " jumps over the lazy dog."], out["texts"]
+    assert sent >= 2 * size and "this rank of an engine spread over nodes" not in logs
 
 
 # --------------------------------------------------------------------------- the wrapper, in-process
