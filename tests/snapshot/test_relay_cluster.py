@@ -34,11 +34,14 @@ ray.init(address={address!r}, logging_level=logging.WARNING)
 
 
 @ray.remote(num_cpus=0, max_retries=0)  # a killed reader stays dead: its node does not read again
-def read(uri, endpoint, weights):
+def read(uri, endpoint, weights, store_share=None):
     import hashlib, logging, os, time
     import torch
     from ray_runai_shim.snapshot import relay, relay_cluster, relay_read
     from ray_runai_shim.stores.endpoint import endpoint_s3_filesystem
+
+    if store_share is not None:  # the control of the fit rule: put whatever the object store's size
+        relay_cluster.STORE_SHARE = store_share
 
     said = []
 
@@ -84,7 +87,7 @@ def copied(relay_dir):
     return 0
 
 
-args = ({uri!r}, {endpoint!r}, {weights!r})
+args = ({uri!r}, {endpoint!r}, {weights!r}, {store_share!r})
 if {kill_source!r}:
     # The source's reader starts first; once the other node has taken ranges from it, the
     # source's process is killed (SIGKILL: the OOM killer, a node drain).
@@ -125,8 +128,9 @@ def model(s3, models, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def big_model(s3, models, tmp_path_factory):
-    """48 MiB: more than half of Ray's smallest object store (75 MiB)."""
-    return _upload(s3, tmp_path_factory.mktemp("cluster-big"), "cluster/big", 6, 38)
+    """72 MiB: more than half of Ray's smallest object store (80 MB here), and more than its spill
+    threshold (0.8 of it)."""
+    return _upload(s3, tmp_path_factory.mktemp("cluster-big"), "cluster/big", 9, 38)
 
 
 # --------------------------------------------------------------------------- the registry's rules
@@ -207,7 +211,7 @@ def _files_under(path: Path, suffixes: tuple[str, ...] = ()) -> list[str]:
 
 
 def _run_two_nodes(s3, model: dict, tmp_path: Path, setting: str, kill_source: bool = False, rate: int = 4 * MIB,
-                   store: int = 300_000_000) -> tuple[dict, int, list[Path]]:
+                   store: int = 300_000_000, store_share: float | None = None) -> tuple[dict, int, list[Path]]:
     with CountingProxy(s3.port, rate=rate) as link:  # 24 MiB at 4 MiB/s: the copy takes ~6 s
         env = base_env({**s3.env(), "AWS_ENDPOINT_URL": link.endpoint, "AWS_ENDPOINT_URL_S3": link.endpoint,
                         relay_cluster.CLUSTER_RELAY: setting})
@@ -224,6 +228,7 @@ def _run_two_nodes(s3, model: dict, tmp_path: Path, setting: str, kill_source: b
             code = DRIVER.format(address=cluster.address, uri=model["uri"], endpoint=link.endpoint,
                                  weights=model["weights"], name=relay_cluster.NAME, namespace=relay_cluster.NAMESPACE,
                                  kill_source=kill_source, relays=[str(d / "relay") for d in dirs],
+                                 store_share=store_share,
                                  nbytes=model["bytes"])
             proc = run_python(code, env=env, timeout=900)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -282,9 +287,9 @@ def test_a_source_killed_mid_copy_costs_the_peer_only_what_it_had_not_taken(s3, 
 
 
 def test_an_object_store_too_small_for_the_model_shares_nothing_and_says_so(s3, big_model, tmp_path):
-    """48 MiB does not fit under half of an 80 MB object store: nothing is put (so nothing can
+    """72 MiB does not fit under half of an 80 MB object store: nothing is put (so nothing can
     spill), the node says why, and each node reads the store; both models are exact."""
-    result, weights, _dirs = _run_two_nodes(s3, big_model, tmp_path, "auto", store=80_000_000, rate=16 * MIB)
+    result, weights, _dirs = _run_two_nodes(s3, big_model, tmp_path, "auto", store=80_000_000, rate=32 * MIB)
     readers = result["readers"]
     assert all(r["tensors"] == big_model["tensors"] for r in readers)
     said = "\n".join(line for r in readers for line in r["said"])
@@ -292,3 +297,13 @@ def test_an_object_store_too_small_for_the_model_shares_nothing_and_says_so(s3, 
     assert all(sum(line.startswith("WARNING") for line in r["said"]) <= 1 for r in readers), said
     assert weights >= 1.9 * big_model["bytes"]  # each node read the store
     assert result["spilled"] == []
+
+
+@pytest.mark.extended
+def test_control_without_the_fit_rule_the_weights_spill_to_disk(s3, big_model, tmp_path):
+    """The same, with the rule's share raised past the object store: the source puts the model,
+    Ray's store runs past its threshold and spills weight bytes to disk -- what the rule prevents."""
+    result, _weights, _dirs = _run_two_nodes(s3, big_model, tmp_path, "auto", store=80_000_000, rate=32 * MIB,
+                                             store_share=10.0)
+    assert all(r["tensors"] == big_model["tensors"] for r in result["readers"])  # still exact
+    assert result["spilled"] != [], result
