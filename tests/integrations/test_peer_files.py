@@ -141,9 +141,10 @@ def _weights_on(files: list[list]) -> list[str]:
 
 @ENGINE
 @pytest.mark.parametrize("route", ["handoff", "vllm-pull"])
-def test_tensor_parallel_across_nodes_without_a_shared_disk(sandbox, remote_code_model, route):
-    local, uri = remote_code_model
-    out, driver, workers = run_across_nodes(sandbox, local, uri, route, shim=True)
+def test_tensor_parallel_across_nodes_without_a_shared_disk(s3, sandbox, remote_code_model, route):
+    """... and (#37) the ranks read the store once: each takes the weights through its own node's
+    relay, and the two relays share them through Ray's object store."""
+    out, driver, workers, sent, size = cluster_relay_across_nodes(s3, sandbox, remote_code_model, "auto", route)
     assert "error" not in out, out.get("error")
     assert out["arch"] == [REMOTE_CODE_ARCH]
     # Greedy text the tiny model was trained on: with TP=2 half of every layer is on node 2's rank,
@@ -165,9 +166,12 @@ def test_tensor_parallel_across_nodes_without_a_shared_disk(sandbox, remote_code
     else:
         assert "/model_streamer/" in told  # vLLM's own pull dir, on node 1 only
     assert f"{told} was not on this node" in fetch_line
-    # The weights came from the bucket through the runai loader: here (both "nodes" share /dev/shm)
-    # both ranks through the node relay, which each rank of an engine spread over nodes uses (#37).
-    assert "this rank of an engine spread over nodes reads s3://" in driver
+    # #37: each rank took the weights through its own node's relay; the store sent S once, not twice.
+    logs = driver + "\n".join(workers.values())
+    ranks = set(re.findall(r"this rank of an engine spread over nodes reads .*? \(pid (\d+)\)", logs))
+    assert len(ranks) == 2, logs[-4000:]
+    assert "cluster relay: taking s3://" in logs
+    assert sent <= 1.1 * size, (sent, size, [ln for ln in logs.splitlines() if "relay" in ln][-20:])
 
 
 @ENGINE
@@ -187,42 +191,32 @@ def test_control_without_the_shim_the_second_nodes_worker_fails(sandbox, remote_
     assert out["node2"]["shim"] is False and "was not on this node" not in logs
 
 
-def cluster_relay_across_nodes(s3, sandbox, remote_code_model, setting: str) -> tuple[dict, str, int, int]:
+def cluster_relay_across_nodes(s3, sandbox, remote_code_model, setting: str, route: str = "handoff"
+                               ) -> tuple[dict, str, dict[str, str], int, int]:
     """TP = 2 with a rank on each node, each node with its own relay directory, the bucket behind
-    the counting proxy. (verdict, logs, weight bytes the store sent, the checkpoint's weight bytes)"""
+    the counting proxy. (verdict, driver output, worker logs, weight bytes the store sent, the
+    checkpoint's weight bytes)"""
     from support.proxy import CountingProxy
     from support.shm import tmpdir
 
     local, uri = remote_code_model
     with CountingProxy(s3.port) as proxy, tmpdir("rrs-relay-n1-") as r1, tmpdir("rrs-relay-n2-") as r2:
         out, driver, workers = run_across_nodes(
-            sandbox, local, uri, "handoff", shim=True, relay_dirs=(r1, r2), AWS_ENDPOINT_URL=proxy.endpoint,
+            sandbox, local, uri, route, shim=True, relay_dirs=(r1, r2), AWS_ENDPOINT_URL=proxy.endpoint,
             AWS_ENDPOINT_URL_S3=proxy.endpoint, RAY_RUNAI_SHIM_CLUSTER_RELAY=setting)
         left = [str(p) for d in (r1, r2) for p in d.rglob("*")]
         sent = proxy.body_bytes(".safetensors")
     size = sum(p.stat().st_size for p in local.glob("*.safetensors"))
     assert left == [], left  # both nodes' relay dirs clean once the engine loaded
-    return out, driver + "\n".join(workers.values()), sent, size
-
-
-@ENGINE
-def test_the_ranks_of_an_engine_on_two_nodes_read_the_store_once(s3, sandbox, remote_code_model):
-    """#37, multi-node TP: the engine's process cannot relay for a rank on another node, so each
-    rank takes the weights through its own node's relay, and the two relays share them through
-    Ray's object store: the store sends S once, not once per rank; the same greedy text."""
-    out, logs, sent, size = cluster_relay_across_nodes(s3, sandbox, remote_code_model, "auto")
-    assert "error" not in out, out.get("error")
-    assert out["texts"] == [", this is a tiny llama model for", " jumps over the lazy dog."], out["texts"]
-    assert sent <= 1.1 * size, (sent, size, [ln for ln in logs.splitlines() if "relay" in ln][-20:])
-    ranks = set(re.findall(r"this rank of an engine spread over nodes reads .*? \(pid (\d+)\)", logs))
-    assert len(ranks) == 2, logs[-4000:]  # both ranks, each through its own node's relay
-    assert "cluster relay: taking s3://" in logs
+    return out, driver, workers, sent, size
 
 
 @ENGINE
 @pytest.mark.extended
 def test_control_the_ranks_on_two_nodes_without_the_cluster_relay_read_it_once_each(s3, sandbox, remote_code_model):
-    out, logs, sent, size = cluster_relay_across_nodes(s3, sandbox, remote_code_model, "off")
+    """#37's control: sharing off, each rank streams the whole checkpoint from the store."""
+    out, driver, workers, sent, size = cluster_relay_across_nodes(s3, sandbox, remote_code_model, "off")
+    logs = driver + "\n".join(workers.values())
     assert out["texts"] == [", this is a tiny llama model for", " jumps over the lazy dog."], out["texts"]
     assert sent >= 2 * size and "this rank of an engine spread over nodes" not in logs
 
