@@ -82,16 +82,8 @@ def ranks_all_here(engine_args: Any) -> bool:
         return True
     if backend != "ray":
         return world == 1 and backend != "external_launcher"
-    try:
-        import ray
-
-        pg = ray.util.get_current_placement_group()
-        if pg is None:
-            return False
-        nodes = set(ray.util.placement_group_table(pg).get("bundles_to_node_id", {}).values())
-        return nodes == {ray.get_runtime_context().get_node_id()}
-    except Exception:
-        return False
+    nodes, here = _placement_nodes()
+    return bool(nodes) and nodes == {here}
 
 
 def ranks_span_nodes() -> bool:
@@ -101,15 +93,22 @@ def ranks_span_nodes() -> bool:
     means nothing to a rank on another node): each rank relays on its own node instead."""
     if node_relay.mode() != "auto" or not relay_cluster.wanted():
         return False
+    return len(_placement_nodes()[0]) >= 2
+
+
+def _placement_nodes() -> tuple[set, Optional[str]]:
+    """(the nodes of the placement group this process runs in -- empty outside one -- and this
+    node's id), or (empty, None) where Ray cannot say."""
     try:
         import ray
 
         pg = ray.util.get_current_placement_group()
         if pg is None:
-            return False
-        return len(set(ray.util.placement_group_table(pg).get("bundles_to_node_id", {}).values())) >= 2
+            return set(), None
+        nodes = set(ray.util.placement_group_table(pg).get("bundles_to_node_id", {}).values())
+        return nodes, ray.get_runtime_context().get_node_id()
     except Exception:
-        return False
+        return set(), None
 
 
 def relay_wanted(readers: int) -> bool:
