@@ -104,6 +104,29 @@ if {kill_source!r}:
     taken_before = copied({relays!r}[1])
     os.kill(victims[0].pid, signal.SIGKILL)
     out = {{"readers": [ray.get(peer, timeout=600)], "taken_before_kill": taken_before}}
+
+    # The control: had the source's process owned the ranges it put (plain ray.put, not owned by
+    # the detached registry), its death would take them with it -- the peer could not even keep
+    # what was offered. A range put by a process on the other node than this driver's, then
+    # SIGKILLed as above:
+    @ray.remote(num_cpus=0, resources={{"n1": 0.01}})
+    class Putter:
+        def put(self):
+            import numpy as np
+            return [ray.put(np.zeros(1 << 20, dtype=np.uint8))]  # owned by this actor's process
+
+        def pid(self):
+            return os.getpid()
+
+    putter = Putter.remote()
+    [ref] = ray.get(putter.put.remote())
+    os.kill(ray.get(putter.pid.remote()), signal.SIGKILL)
+    time.sleep(2)  # the node notices its worker's death
+    try:
+        ray.get(ref, timeout=60)
+        out["owner_killed"] = "got it"
+    except Exception as e:
+        out["owner_killed"] = type(e).__name__
 else:
     out = {{"readers": ray.get([on(i).remote(*args) for i in (0, 1)], timeout=600)}}
 try:
@@ -281,6 +304,8 @@ def test_a_source_killed_mid_copy_costs_the_peer_only_what_it_had_not_taken(s3, 
     assert len(warned) == 1 and "taking s3://" in warned[0] and "this node reads the rest from the store" in warned[0], \
         peer["said"]
     assert result["taken_before_kill"] > 0
+    # Control: a range owned by the killed process itself is gone with it (why the registry owns them).
+    assert result["owner_killed"] in ("OwnerDiedError", "ObjectLostError"), result["owner_killed"]
     # Two nodes read the store: the source up to its death, the peer what it had not taken.
     assert weights <= 1.5 * model["bytes"], weights / model["bytes"]
     assert _files_under(dirs[1] / "relay") == []
