@@ -32,12 +32,12 @@ from .. import registry
 from ..failopen import NotApplicable, fail_open, step
 from ..log import logger
 from ..snapshot import relay as node_relay
-from ..snapshot import relay_cluster
 from ..snapshot.handoff import UNSIGNED
 from ..tables import settings
 from ..tables.support import is_remote_uri, join_anonymous, normalize_load_format
 from ..tables.targets import VLLM_RUNAI_LOADER
 from .reader_count import (
+    cluster_relays,
     engines_per_node,
     ranks_all_here,
     readers_on_node,
@@ -131,7 +131,7 @@ def relay_config(config: Any, instance: Any) -> None:
     if not (relay_wanted(readers) or cluster):
         _decided(f"{readers} reader(s) on this node: stream {uri} from the store (relay {node_relay.mode()})")
     elif not ranks_all_here(instance):
-        if relay_cluster.wanted() and node_relay.mode() == "auto":
+        if cluster_relays():
             _decided(f"the ranks of this engine may run on other nodes: each takes {uri} through its node's relay")
         else:
             _decided(f"the ranks of this engine may run on other nodes: each streams {uri} from the store")

@@ -91,9 +91,7 @@ def ranks_span_nodes() -> bool:
     executor: its placement group's bundles are on several nodes), in a cluster that relays
     between nodes. The engine's process cannot relay for such ranks (a copy in its node's memory
     means nothing to a rank on another node): each rank relays on its own node instead."""
-    if node_relay.mode() != "auto" or not relay_cluster.wanted():
-        return False
-    return len(_placement_nodes()[0]) >= 2
+    return cluster_relays() and len(_placement_nodes()[0]) >= 2
 
 
 def _placement_nodes() -> tuple[set, Optional[str]]:
@@ -120,4 +118,10 @@ def relay_for_the_cluster(readers: int, pipelined: bool) -> bool:
     """One reader on the node, yet relayed: in a Ray cluster of two or more nodes the node copy
     is how nodes take the weights from each other (:mod:`..snapshot.relay_cluster`). Only where
     the ranks read the copy as it lands: one reader waiting for a whole copy would lose time."""
-    return readers < 2 and pipelined and node_relay.mode() == "auto" and relay_cluster.wanted()
+    return readers < 2 and pipelined and cluster_relays()
+
+
+def cluster_relays() -> bool:
+    """The node relay is on its own rule (``auto``) and this process is in a Ray cluster of two
+    or more nodes that shares copies (:mod:`..snapshot.relay_cluster`)."""
+    return node_relay.mode() == "auto" and relay_cluster.wanted()

@@ -71,9 +71,10 @@ def set_budget(readers: int, weights: str, fs_and_path: FsAndPath = None, local:
     room = memory.room(Path("/dev/shm"))
     usable = room.usable()
     checkpoint, held = None, 0
-    if relay_cluster.wanted():  # Ray's object store may hold the model for the other nodes, in this memory
+    capacity = relay_cluster.object_store_capacity()  # 0 outside a cluster of two or more nodes
+    if capacity:  # Ray's object store may hold the model for the other nodes, in this memory
         checkpoint = _checkpoint(weights, fs_and_path)
-        held = relay_cluster.object_store_share(checkpoint[0])
+        held = relay_cluster.object_store_share(checkpoint[0], capacity)
         usable = max(0, usable - held)
     budget = memory.reader_budget(readers, usable)
     if budget is None and not local:

@@ -94,22 +94,31 @@ def wanted() -> bool:
         return False
 
 
-def object_store_share(nbytes: int) -> int:
-    """What Ray's object store on this node may come to hold for the cluster relay of a model of
-    *nbytes*: the whole model where this node shares it (it fits under ``STORE_SHARE`` of the
-    node's object store), else nothing; 0 outside a cluster. The object store lives in the same
-    memory as the node copy and the streamer's buffers (``/dev/shm``), so the streamer's budget
-    leaves it out (:func:`..integrations.relay_budget.set_budget`)."""
+def _capacity(nodes: list[dict], node: str) -> float:
+    return next((n.get("Resources", {}).get("object_store_memory", 0) for n in nodes if n.get("NodeID") == node), 0)
+
+
+def object_store_capacity() -> float:
+    """This node's object store size where this process is in a cluster of two or more nodes
+    (else 0: nothing is shared)."""
     try:
         nodes = alive_nodes()
         if len(nodes) < 2:
             return 0
-        node = _ray().get_runtime_context().get_node_id()
-        capacity = next((n.get("Resources", {}).get("object_store_memory", 0) for n in nodes
-                         if n.get("NodeID") == node), 0)
+        return _capacity(nodes, _ray().get_runtime_context().get_node_id())
     except Exception:
         return 0
-    return nbytes if nbytes <= STORE_SHARE * capacity else 0
+
+
+def object_store_share(nbytes: int, capacity: Optional[float] = None) -> int:
+    """What Ray's object store on this node may come to hold for the cluster relay of a model of
+    *nbytes*: the whole model where this node shares it (it fits under ``STORE_SHARE`` of the
+    node's object store, *capacity* -- asked of Ray when not given), else nothing; 0 outside a
+    cluster. The object store lives in the same memory as the node copy and the streamer's
+    buffers (``/dev/shm``), so the streamer's budget leaves it out
+    (:func:`..integrations.relay_budget.set_budget`)."""
+    capacity = object_store_capacity() if capacity is None else capacity
+    return nbytes if capacity and nbytes <= STORE_SHARE * capacity else 0
 
 
 class Registry:
@@ -398,8 +407,7 @@ def join(key: str, uri: str, nbytes: int, room: Callable[[], int]) -> Optional[S
         if len(nodes) < 2:
             return None
         node = ray.get_runtime_context().get_node_id()
-        capacity = next((n.get("Resources", {}).get("object_store_memory", 0) for n in nodes
-                         if n.get("NodeID") == node), 0)
+        capacity = _capacity(nodes, node)
         actor = registry(ray)
         got = ray.get(actor.claim.remote(key, node), timeout=CALL_TIMEOUT_S)
     except Exception as e:
