@@ -86,8 +86,7 @@ def _relay_here(uri: str, original: Callable[..., Any], args: tuple, kwargs: dic
         if live is not None:
             yield from as_it_lands(live, original, args, kwargs)
         else:
-            local = (str(got.path), *args[1:]) if args else ()
-            yield from original(*local, **({**kwargs, "model_or_path": str(got.path)} if not args else kwargs))
+            yield from _iterate(original, args, kwargs, str(got.path))
     finally:
         node_relay.release(got)
 
@@ -110,9 +109,11 @@ def as_it_lands(live: relay_read.LiveCopy, original: Callable[..., Any], args: t
                                      "source to stream instead")
     logger.warning("ray-runai-shim: node relay: %s; this rank streams %s from the store instead (every tensor, "
                    "so the model is of one version)", why, uri)
-    rest = dict(kwargs)
+    yield from _iterate(original, args, kwargs, uri)
+
+
+def _iterate(original: Callable[..., Any], args: tuple, kwargs: dict, path: str) -> Iterator[tuple[str, Any]]:
+    """vLLM's own iterator on *path* instead of the path it was called with."""
     if args:
-        yield from original(uri, *args[1:], **rest)
-    else:
-        rest["model_or_path"] = uri
-        yield from original(**rest)
+        return original(path, *args[1:], **kwargs)
+    return original(**{**kwargs, "model_or_path": path})
