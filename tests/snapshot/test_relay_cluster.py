@@ -10,6 +10,7 @@ where every node reads the store.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -31,6 +32,12 @@ import psutil
 import ray
 
 ray.init(address={address!r}, logging_level=logging.WARNING)
+if {kill!r} == "node":  # this driver must outlive the lost node (node 1, on its own address)
+    head = next(n for n in ray.nodes() if "n0" in n["Resources"])
+    if ray.get_runtime_context().get_node_id() != head["NodeID"]:
+        ray.shutdown()
+        ray.init(address={address!r}, _node_ip_address=head["NodeManagerAddress"], logging_level=logging.WARNING)
+    assert ray.get_runtime_context().get_node_id() == head["NodeID"], "this driver is not on the head node"
 
 
 @ray.remote(num_cpus=0, max_retries=0)  # a killed reader stays dead: its node does not read again
@@ -88,45 +95,101 @@ def copied(relay_dir):
 
 
 args = ({uri!r}, {endpoint!r}, {weights!r}, {store_share!r})
-if {kill_source!r}:
+kill = {kill!r}
+
+
+def node_pids(relay_dir):
+    # The processes of the node started with this relay dir (its raylet, object store, agents and
+    # workers: each node's `ray start` has a relay dir of its own).
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("RAY_RUNAI_SHIM_RELAY_DIR") == relay_dir:
+                found.append(p)
+        except (psutil.Error, OSError):
+            pass
+    return found
+
+
+if kill:
     # The source's reader starts first; once the other node has taken ranges from it, the
-    # source's process is killed (SIGKILL: the OOM killer, a node drain).
-    src = on(0).remote(*args)
+    # source's process (SIGKILL: the OOM killer) or its whole node (every process of it: a
+    # machine lost) goes. The head cannot go without the cluster, so a lost node is node 1.
+    src_i, peer_i = (1, 0) if kill == "node" else (0, 1)
+    src = on(src_i).remote(*args)
     deadline = time.time() + 120
-    while copied({relays!r}[0]) == 0 and time.time() < deadline:
+    while copied({relays!r}[src_i]) == 0 and time.time() < deadline:
         time.sleep(0.05)
-    peer = on(1).remote(*args)
-    while copied({relays!r}[1]) == 0 and time.time() < deadline:
+    peer = on(peer_i).remote(*args)
+    while copied({relays!r}[peer_i]) == 0 and time.time() < deadline:
         time.sleep(0.05)
-    victims = [p for p in psutil.process_iter(["cmdline"]) if "ray::read" in " ".join(p.info["cmdline"] or [])
-               and p.environ().get("RAY_RUNAI_SHIM_RELAY_DIR") == {relays!r}[0]]
-    assert len(victims) == 1, victims
-    taken_before = copied({relays!r}[1])
-    os.kill(victims[0].pid, signal.SIGKILL)
-    out = {{"readers": [ray.get(peer, timeout=600)], "taken_before_kill": taken_before}}
+    taken_before = copied({relays!r}[peer_i])
+    out = {{"taken_before_kill": taken_before}}
+    if kill == "node":
+        # The control: a range on the lost node is gone even though its owner lives on (ownership
+        # keeps objects from their putter's death, not from their node's) -- why the peer must
+        # read the store, not wait for the objects.
+        @ray.remote(num_cpus=0, resources={{"n0": 0.01}})
+        class Owner:
+            def ping(self):
+                return True
 
-    # The control: had the source's process owned the ranges it put (plain ray.put, not owned by
-    # the detached registry), its death would take them with it -- the peer could not even keep
-    # what was offered. A range put by a process on the other node than this driver's, then
-    # SIGKILLed as above:
-    @ray.remote(num_cpus=0, resources={{"n1": 0.01}})
-    class Putter:
-        def put(self):
+        @ray.remote(num_cpus=0, resources={{"n1": 0.01}})
+        def put_owned(owner):
             import numpy as np
-            return [ray.put(np.zeros(1 << 20, dtype=np.uint8))]  # owned by this actor's process
+            return [ray.put(np.zeros(1 << 20, dtype=np.uint8), _owner=owner)]
 
-        def pid(self):
-            return os.getpid()
+        owner = Owner.remote()
+        ray.get(owner.ping.remote())
+        [kept] = ray.get(put_owned.remote(owner))
+        victims = node_pids({relays!r}[src_i])
+        killed = set()
+        for v in victims:
+            try:
+                killed.add(v.cmdline()[0].rsplit("/", 1)[-1])
+                v.kill()
+            except (psutil.Error, IndexError):
+                pass
+        out["killed"] = sorted(killed)
+        out["readers"] = [ray.get(peer, timeout=600)]
+        try:
+            ray.get(kept, timeout=120)
+            out["owner_alive_node_lost"] = "got it"
+        except Exception as e:
+            out["owner_alive_node_lost"] = type(e).__name__
+        until = time.time() + 90  # Ray's health checks take the node for dead within ~30 s
+        while sum(n["Alive"] for n in ray.nodes()) > 1 and time.time() < until:
+            time.sleep(1)
+        out["nodes_alive"] = sum(n["Alive"] for n in ray.nodes())
+    else:
+        victims = [p for p in psutil.process_iter(["cmdline"]) if "ray::read" in " ".join(p.info["cmdline"] or [])
+                   and p.environ().get("RAY_RUNAI_SHIM_RELAY_DIR") == {relays!r}[src_i]]
+        assert len(victims) == 1, victims
+        os.kill(victims[0].pid, signal.SIGKILL)
+        out["readers"] = [ray.get(peer, timeout=600)]
 
-    putter = Putter.remote()
-    [ref] = ray.get(putter.put.remote())
-    os.kill(ray.get(putter.pid.remote()), signal.SIGKILL)
-    time.sleep(2)  # the node notices its worker's death
-    try:
-        ray.get(ref, timeout=60)
-        out["owner_killed"] = "got it"
-    except Exception as e:
-        out["owner_killed"] = type(e).__name__
+        # The control: had the source's process owned the ranges it put (plain ray.put, not owned
+        # by the detached registry), its death would take them with it -- the peer could not even
+        # keep what was offered. A range put by a process on the other node than this driver's,
+        # then SIGKILLed as above:
+        @ray.remote(num_cpus=0, resources={{"n1": 0.01}})
+        class Putter:
+            def put(self):
+                import numpy as np
+                return [ray.put(np.zeros(1 << 20, dtype=np.uint8))]  # owned by this actor's process
+
+            def pid(self):
+                return os.getpid()
+
+        putter = Putter.remote()
+        [ref] = ray.get(putter.put.remote())
+        os.kill(ray.get(putter.pid.remote()), signal.SIGKILL)
+        time.sleep(2)  # the node notices its worker's death
+        try:
+            ray.get(ref, timeout=60)
+            out["owner_killed"] = "got it"
+        except Exception as e:
+            out["owner_killed"] = type(e).__name__
 else:
     out = {{"readers": ray.get([on(i).remote(*args) for i in (0, 1)], timeout=600)}}
 try:
@@ -233,7 +296,7 @@ def _files_under(path: Path, suffixes: tuple[str, ...] = ()) -> list[str]:
     return [str(p) for p in path.rglob("*") if p.is_file() and (not suffixes or p.name.endswith(suffixes))]
 
 
-def _run_two_nodes(s3, model: dict, tmp_path: Path, setting: str, kill_source: bool = False, rate: int = 4 * MIB,
+def _run_two_nodes(s3, model: dict, tmp_path: Path, setting: str, kill: str = "", rate: int = 4 * MIB,
                    store: int = 300_000_000, store_share: float | None = None) -> tuple[dict, int, list[Path]]:
     with CountingProxy(s3.port, rate=rate) as link:  # 24 MiB at 4 MiB/s: the copy takes ~6 s
         env = base_env({**s3.env(), "AWS_ENDPOINT_URL": link.endpoint, "AWS_ENDPOINT_URL_S3": link.endpoint,
@@ -245,12 +308,14 @@ def _run_two_nodes(s3, model: dict, tmp_path: Path, setting: str, kill_source: b
                 for sub in ("home", "tmp", "relay"):
                     (node / sub).mkdir(parents=True)
                 dirs.append(node)
+                if i == 1 and kill == "node":  # a driver attached to the node that is lost would go with it
+                    start = functools.partial(cluster.add_node, ip="127.0.0.2")
                 start("--num-cpus=1", "--num-gpus=0", f"--object-store-memory={store}", f'--resources={{"n{i}": 1}}',
                       env={"HOME": str(node / "home"), "TMPDIR": str(node / "tmp"),
                            "RAY_RUNAI_SHIM_RELAY_DIR": str(node / "relay")})
             code = DRIVER.format(address=cluster.address, uri=model["uri"], endpoint=link.endpoint,
                                  weights=model["weights"], name=relay_cluster.NAME, namespace=relay_cluster.NAMESPACE,
-                                 kill_source=kill_source, relays=[str(d / "relay") for d in dirs],
+                                 kill=kill, relays=[str(d / "relay") for d in dirs],
                                  store_share=store_share,
                                  nbytes=model["bytes"])
             proc = run_python(code, env=env, timeout=900)
@@ -297,7 +362,7 @@ def test_a_source_killed_mid_copy_costs_the_peer_only_what_it_had_not_taken(s3, 
     """The source's process is SIGKILLed while the other node takes ranges from it: the registry
     and the objects it owned go with it (it belonged to that process), the peer says so once and
     reads the rest from the store, keeping the ranges it had; its model is exact."""
-    result, weights, dirs = _run_two_nodes(s3, model, tmp_path, "auto", kill_source=True, rate=2 * MIB)
+    result, weights, dirs = _run_two_nodes(s3, model, tmp_path, "auto", kill="process", rate=2 * MIB)
     [peer] = result["readers"]
     assert peer["tensors"] == model["tensors"]
     warned = [line for line in peer["said"] if line.startswith("WARNING")]
@@ -309,6 +374,27 @@ def test_a_source_killed_mid_copy_costs_the_peer_only_what_it_had_not_taken(s3, 
     # Two nodes read the store: the source up to its death, the peer what it had not taken.
     assert weights <= 1.5 * model["bytes"], weights / model["bytes"]
     assert _files_under(dirs[1] / "relay") == []
+
+
+def test_a_source_node_lost_mid_copy_costs_the_peer_only_what_it_had_not_taken(s3, model, tmp_path):
+    """The whole node copying the model goes (every process of it: its raylet and object store,
+    the registry that lived there, the ranges' primary copies) while the head node takes ranges
+    from it: the peer says so once and reads the rest from the store; its model is exact and its
+    relay dir clean."""
+    result, weights, dirs = _run_two_nodes(s3, model, tmp_path, "auto", kill="node", rate=2 * MIB)
+    [peer] = result["readers"]
+    assert peer["tensors"] == model["tensors"]
+    assert "raylet" in result["killed"], result["killed"]  # the node itself, not one process of it
+    assert result["nodes_alive"] == 1  # Ray took the node for dead
+    warned = [line for line in peer["said"] if line.startswith("WARNING")]
+    assert len(warned) == 1 and "taking s3://" in warned[0] and "this node reads the rest from the store" in warned[0], \
+        peer["said"]
+    assert result["taken_before_kill"] > 0
+    # Control: a range whose node is lost is gone even with its owner alive -- the objects cannot
+    # be waited for; the store is the only way on.
+    assert result["owner_alive_node_lost"] in ("ObjectLostError", "ObjectFetchTimedOutError"), result
+    assert weights <= 1.5 * model["bytes"], weights / model["bytes"]
+    assert _files_under(dirs[0] / "relay") == []
 
 
 def test_an_object_store_too_small_for_the_model_shares_nothing_and_says_so(s3, big_model, tmp_path):

@@ -113,22 +113,25 @@ class RayCluster:
         return [f"--min-worker-port={low}", f"--max-worker-port={low + 299}"]
 
     def add_node(self, *extra: str, env: Optional[dict[str, str]] = None,
-                 private: Sequence[Path] = (), make: Sequence[Path] = ()) -> RayCluster:
+                 private: Sequence[Path] = (), make: Sequence[Path] = (), ip: str = "127.0.0.1") -> RayCluster:
         """``ray start --address``. Each dir in *private* is an empty tmpfs for this node only (its own
         mount namespace, which its raylet and workers keep): a node that shares no disk with the others
-        there. *make*: dirs to create inside those before Ray starts."""
+        there. *make*: dirs to create inside those before Ray starts. *ip*: Ray takes 127.0.0.1 for
+        this machine's address, the head's too, and a driver attaches to any raylet at its own
+        address; another loopback address (127.0.0.2) keeps drivers off this node."""
         prefix: tuple[str, ...] = ()
         if private:
             steps = [f"mount -t tmpfs tmpfs {shlex.quote(str(p))}" for p in private]
             steps += [f"mkdir -p {shlex.quote(str(p))}" for p in make] + ['exec "$0" "$@"']
             prefix = ("unshare", "--mount", "--propagation", "private", "sh", "-c", " && ".join(steps))
-        self.ray("start", f"--address={self.address}", "--node-ip-address=127.0.0.1", *self._worker_ports(), *extra,
+        self.ray("start", f"--address={self.address}", f"--node-ip-address={ip}", *self._worker_ports(), *extra,
                  env=env, prefix=prefix)
         return self
 
     def stop(self) -> list[int]:
         pids = stop_marked(self.token)
-        shutil.rmtree(self.root, ignore_errors=True)
+        if not os.environ.get("RRS_TEST_KEEP_CLUSTER"):  # set it to read a failed run's Ray logs
+            shutil.rmtree(self.root, ignore_errors=True)
         return pids
 
     def __enter__(self) -> RayCluster:
