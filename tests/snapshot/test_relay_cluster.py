@@ -348,6 +348,7 @@ def test_the_second_node_takes_the_weights_from_the_first_through_ray(s3, model,
         assert _files_under(node / "relay") == []
 
 
+@pytest.mark.extended  # the engine-level control (test_relay_cluster_engine.py, in CI) shows 2 x S too
 def test_control_with_the_cluster_relay_off_every_node_reads_the_store(s3, model, tmp_path):
     result, weights, _dirs = _run_two_nodes(s3, model, tmp_path, "off")
     readers = result["readers"]
