@@ -99,7 +99,12 @@ def test_control_ray_alone_fails_in_its_own_stages(runs, layout):
     assert any(s in control["output"] for s in RAY_FAILURES[layout]), control["output"][-3000:]
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+# CI runs the bpe-files layout (dropped by Ray's tokenizer-only download through 2.60); the jinja
+# layout (kept from 2.56) takes the same snapshot route and is extended.
+SHIM_LAYOUTS = [pytest.param(x, marks=pytest.mark.extended) if x == "jinja" else x for x in LAYOUTS]
+
+
+@pytest.mark.parametrize("layout", SHIM_LAYOUTS)
 def test_with_the_shim_the_default_pipeline_answers_from_the_models_own_template(runs, layout_models, layout):
     run, model = runs[(layout, True)], layout_models[layout]
     assert run["ok"], run["output"][-6000:]
@@ -115,7 +120,7 @@ def test_with_the_shim_the_default_pipeline_answers_from_the_models_own_template
     assert call["model_weights"] == model.uri
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", SHIM_LAYOUTS)
 def test_every_stage_reads_one_snapshot_listed_once(runs, layout_models, layout):
     run, model = runs[(layout, True)], layout_models[layout]
     [snapshot] = run["sandbox"].shim_dirs()

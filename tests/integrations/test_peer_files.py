@@ -140,7 +140,9 @@ def _weights_on(files: list[list]) -> list[str]:
 
 
 @ENGINE
-@pytest.mark.parametrize("route", ["handoff", "vllm-pull"])
+# The vllm-pull route (and its control) is extended: the same fix and the same cluster relay for
+# the ranks as the handoff route, which runs in CI with its control.
+@pytest.mark.parametrize("route", ["handoff", pytest.param("vllm-pull", marks=pytest.mark.extended)])
 def test_tensor_parallel_across_nodes_without_a_shared_disk(s3, sandbox, remote_code_model, route):
     """... and (#37) the ranks read the store once: each takes the weights through its own node's
     relay, and the two relays share them through Ray's object store."""

@@ -104,6 +104,10 @@ def two_engines(s3, models, tp2):
     return run_pipeline(s3, models[MODEL], relay="auto", concurrency=2)
 
 
+# A second route in CI: Serve's two replicas on a node (test_serve.py) read the store once through
+# the same node relay, and the release checks show Ray Data's stage of concurrency=2 telling its
+# actors that two engines share the node.
+@pytest.mark.extended
 def test_two_engines_on_a_node_read_the_store_once(tp2, two_engines):
     assert two_engines["store_weight_bytes"] <= 1.05 * tp2["size"], (two_engines["store_weight_bytes"], tp2["size"])
     assert tokens(two_engines) == tokens(tp2["off"])
