@@ -15,7 +15,6 @@ reaches disk, and the engine receives the prompt rendered by the model's own tem
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 import pytest
 from support.fixtures import BUCKET, LAYOUT_MODELS, TinyModel, make_sandbox
 from support.procs import REPO
+from support.runs import lazy_runs
 
 pytestmark = [pytest.mark.engine, pytest.mark.ray]
 
@@ -59,25 +59,10 @@ def run_seed(s3, model: TinyModel, shim: bool) -> dict:
     }
 
 
-class _Runs(dict):
-    """(layout, shim) -> the run, made on first use (a deselected control costs nothing)."""
-
-    def __init__(self, s3, layout_models) -> None:
-        super().__init__()
-        self.s3, self.layout_models = s3, layout_models
-
-    def __missing__(self, key):
-        layout, shim = key
-        self[key] = run_seed(self.s3, self.layout_models[layout], shim)
-        return self[key]
-
-
 @pytest.fixture(scope="module")
 def runs(s3, layout_models):
-    results = _Runs(s3, layout_models)
-    yield results
-    for r in results.values():
-        shutil.rmtree(r["sandbox"].root, ignore_errors=True)
+    """(layout, shim) -> the run, made on first use (a deselected control costs nothing)."""
+    yield from lazy_runs(lambda key: run_seed(s3, layout_models[key[0]], key[1]))
 
 
 def listings(result, model: TinyModel) -> list:

@@ -10,7 +10,6 @@ Run by the ``ray-2.51.2`` nox session.
 from __future__ import annotations
 
 import ast
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,6 +20,7 @@ from support.diskscan import find_weight_bytes
 from support.fixtures import BUCKET, CACHE, make_sandbox
 from support.pipeline import run_example
 from support.procs import REPO
+from support.runs import lazy_runs
 from support.sharded_state import build_sharded_state
 from support.tiny_model import build_tiny_model, upload_dir, weight_files
 
@@ -55,29 +55,17 @@ def checkpoint(s3):
     return {"uri": f"s3://{BUCKET}/{PREFIX}", "local": local, "tokens": tokens, "weights": weight_files(local)}
 
 
-class _Runs(dict):
-    """label -> the run, made on first use (a skipped control costs nothing)."""
-
-    def __init__(self, s3, checkpoint) -> None:
-        super().__init__()
-        self.s3, self.checkpoint = s3, checkpoint
-
-    def __missing__(self, label: str) -> dict:
-        root = Path(tempfile.mkdtemp(prefix=f"rrs-{label[:2]}-", dir="/tmp"))
-        sandbox = make_sandbox(self.s3, root)
-        mark = len(self.s3.requests())
-        result = run_example(sandbox, self.checkpoint["uri"], label == "shim", FORMAT)
-        result.update(sandbox=sandbox, requests=self.s3.requests(mark))
-        self[label] = result
-        return result
-
-
 @pytest.fixture(scope="module")
 def runs(s3, checkpoint):
-    out = _Runs(s3, checkpoint)
-    yield out
-    for result in out.values():
-        shutil.rmtree(result["sandbox"].root, ignore_errors=True)
+    """label ("control", "shim") -> the run, made on first use (a deselected control costs nothing)."""
+
+    def make(label: str) -> dict:
+        sandbox = make_sandbox(s3, Path(tempfile.mkdtemp(prefix=f"rrs-{label[:2]}-", dir="/tmp")))
+        mark = len(s3.requests())
+        result = run_example(sandbox, checkpoint["uri"], label == "shim", FORMAT)
+        return dict(result, sandbox=sandbox, requests=s3.requests(mark))
+
+    yield from lazy_runs(make)
 
 
 def _on_disk(result, checkpoint) -> list[Path]:
@@ -93,9 +81,9 @@ def test_the_checkpoint_is_vllms_sharded_state(checkpoint):
     assert checkpoint["weights"] and all(w.startswith("model-rank-0-part-") for w in checkpoint["weights"])
 
 
-# CI's subset (`./dev matrix-ci`) leaves this control out: the same run's release checks show Ray 2.51
-# alone copying every weight file of a `runai_streamer_sharded` checkpoint; `./dev matrix` runs it.
-@pytest.mark.skipif(bool(os.environ.get("RAY_RUNAI_SHIM_CI_SUBSET")), reason="CI subset: the release checks show it")
+# Extended: CI's subset (`./dev matrix-ci`) leaves it out -- the same session's release checks show
+# Ray 2.51 alone copying every weight file of a `runai_streamer_sharded` checkpoint; `./dev matrix` runs it.
+@pytest.mark.extended
 def test_without_the_shim_ray_251_copies_the_sharded_checkpoint(runs, checkpoint):
     assert len(_on_disk(runs["control"], checkpoint)) == len(checkpoint["weights"])
     assert _tokens(runs["control"]) == checkpoint["tokens"]
