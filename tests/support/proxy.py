@@ -115,6 +115,14 @@ class CountingProxy:
         with self._count_lock:
             self._stalls.extend([(suffix, seconds)] * times)
 
+    def set_rate(self, rate: Optional[float]) -> None:
+        """Change the link's rate from now on (``None``: unlimited). A test that needs a copy
+        still incomplete while something else happens starts slow and speeds up once it has
+        seen it, instead of betting on how fast this machine is."""
+        with self.bucket.lock:
+            self.bucket.rate = rate
+            self.bucket.next_free = min(self.bucket.next_free, time.monotonic())
+
     def _take_stall(self, path: str) -> float:
         with self._count_lock:
             for i, (suffix, seconds) in enumerate(self._stalls):
