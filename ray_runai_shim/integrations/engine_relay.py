@@ -39,6 +39,7 @@ from ..tables.targets import VLLM_RUNAI_LOADER
 from .reader_count import (
     cluster_relays,
     engines_per_node,
+    engines_to_wait_for,
     ranks_all_here,
     readers_on_node,
     relay_for_the_cluster,
@@ -139,7 +140,8 @@ def relay_config(config: Any, instance: Any) -> None:
     else:
         unsigned = os.environ.get(UNSIGNED) == "1"  # the streamer's spelling of Ray's s3://anonymous@
         pipelined = ranks_read_as_it_lands()
-        got = node_relay.acquire(join_anonymous(uri) if unsigned else uri, pipelined=pipelined)
+        got = node_relay.acquire(join_anonymous(uri) if unsigned else uri, pipelined=pipelined,
+                                 readers=engines_to_wait_for())
         if got is None:  # no copy (does not fit, unsafe directory, failed or stalled): acquire said why
             _decided(f"{readers} reader(s): no relay copy on this node (see its WARNING); stream {uri} from the store")
         else:
@@ -212,6 +214,7 @@ def _at_exit() -> None:
     deadline = time.monotonic() + EXIT_WAIT_S
     for got in copying:
         got.wait(timeout=max(0.0, deadline - time.monotonic()))
+        got.stop_waiting()  # a hold kept for late readers goes with this process: freed now
 
 
 _copying: list = []

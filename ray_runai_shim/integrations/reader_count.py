@@ -23,11 +23,24 @@ def readers_on_node(engine_args: Any) -> int:
     shim on Ray Data's stage), else a Serve replica's deployment size spread over the nodes."""
     tp = int(getattr(engine_args, "tensor_parallel_size", 1) or 1)
     pp = int(getattr(engine_args, "pipeline_parallel_size", 1) or 1)
+    return tp * pp * engines_on_node()
+
+
+def engines_on_node() -> int:
+    """The engines of this model planned per node (each engine's ranks read its copy)."""
     engines = settings.count(settings.NODE_ENGINES, 0, low=1)
     if not engines:
         replicas = serve_replicas()
         engines = engines_per_node(replicas) if replicas else 1
-    return tp * pp * engines
+    return engines
+
+
+def engines_to_wait_for() -> int:
+    """The engines a node's copy waits for once its present readers have loaded
+    (:func:`..snapshot.relay.release`): a Serve deployment's replicas on this node -- they are
+    started together and live on. Not Ray Data's: an autoscaling pool may never start its
+    largest size, and the dataset's end kills its actors, a hold included, without a sweep."""
+    return engines_on_node() if serve_replicas() else 1
 
 
 def serve_replicas() -> Optional[int]:

@@ -21,7 +21,9 @@ It is on by default, so it must be safe to leave on (docs/node-relay.md has the 
   and release sweeps the directory: a copy nobody holds is freed unless it fits under
   ``RAY_RUNAI_SHIM_RELAY_KEEP`` (a total for the node, most recently used kept first); an
   older version of a model being acquired now is never kept; half copies of dead fetchers
-  are removed;
+  are removed. A copy whose node expects more readers than have come (Serve's replicas and
+  Ray Data's engines start at their own pace) is held by its last reader, in a thread, until
+  they come or ``RAY_RUNAI_SHIM_RELAY_WAIT`` (120 s) passes: a late reader reads node memory;
 * **never torn, never stale**: the key holds the store, the reading identity, the URI and
   every weight object's size and content identity (S3 ETag, GCS generation); the copy is
   pinned to those identities -- each object's is read again when it is opened and after its
@@ -70,7 +72,9 @@ from .staging import (
     staging_owner_alive,
 )
 
-RELAY, RELAY_DIR, RELAY_KEEP = settings.RELAY, settings.RELAY_DIR, settings.RELAY_KEEP
+RELAY, RELAY_DIR, RELAY_KEEP, RELAY_WAIT = settings.RELAY, settings.RELAY_DIR, settings.RELAY_KEEP, settings.RELAY_WAIT
+#: How long a copy waits for the readers its node still expects after the present ones loaded.
+WAIT_S = 120.0
 #: A copy that failed this recently is not tried again by the next waiter: it streams.
 FAILED_S = 60.0
 #: How long a sweep waits for one already running (a sweep takes milliseconds).
@@ -121,11 +125,25 @@ class Relay:
     #: The copy is still being made: readers start on its verified ranges (:mod:`.relay_read`).
     live: bool = False
     _thread: Optional[threading.Thread] = field(default=None, repr=False)
+    #: The readers of this model the node expects (engines; each engine's ranks read its copy).
+    expected: int = 1
+    _linger: Optional[threading.Thread] = field(default=None, repr=False)
+    _stop_waiting: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def wait(self, timeout: Optional[float] = None) -> None:
         """Until this process's part in the copy (fetching, or standing by to resume) is over."""
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def wait_for_late_readers(self, timeout: Optional[float] = None) -> None:
+        """Until the hold :func:`release` keeps for the node's late readers is let go."""
+        if self._linger is not None:
+            self._linger.join(timeout)
+
+    def stop_waiting(self) -> None:
+        """Let go of the hold kept for late readers now (an exiting process does)."""
+        self._stop_waiting.set()
+        self.wait_for_late_readers(timeout=10)
 
     @property
     def uri(self) -> str:
@@ -169,7 +187,7 @@ def tree_bytes(path: Path) -> int:
 def _remove_key(base: Path, name: str, use_fd: int) -> None:
     """Free copy *name* (we hold its ``.use`` lock exclusively) and its lock files."""
     shutil.rmtree(base / name, ignore_errors=True)
-    for suffix in ("use", "fetch", "failed"):
+    for suffix in ("use", "fetch", "failed", "came"):
         try:
             os.unlink(base / f".{name}.{suffix}")
         except OSError:
@@ -204,6 +222,8 @@ def sweep(base: Path, current: Optional[tuple[str, str, str]] = None) -> list[Pa
                     shutil.rmtree(entry.path, ignore_errors=True)  # a fetcher that died mid-copy
                 elif name.endswith(".failed") and _age(entry) > FAILED_S:
                     _unlink(entry.path)
+                elif name.endswith(".came"):
+                    _sweep_came(base, name)
                 elif (name.endswith((".use", ".fetch")) and not os.path.lexists(base / name[1:].rpartition(".")[0])
                       and not os.path.lexists(base / live_name(name[1:].rpartition(".")[0]))):
                     _unlink_if_free(base / name)  # a lock of a copy that is gone, or was never made
@@ -229,6 +249,20 @@ def sweep(base: Path, current: Optional[tuple[str, str, str]] = None) -> list[Pa
     finally:
         locks.close(guard)
     return freed
+
+
+def _sweep_came(base: Path, name: str) -> None:
+    """Remove the reader count *name* of a copy that is gone, once no reader holds its key (a
+    reader counts itself before its copy is begun)."""
+    key = name[1:-len(".came")]
+    if os.path.lexists(base / key) or os.path.lexists(base / live_name(key)):
+        return
+    if os.path.lexists(base / f".{key}.use"):
+        use = locks.flock_path(base / f".{key}.use", fcntl.LOCK_EX, deadline=time.monotonic())
+        if use is None:
+            return  # a reader holds the key
+        locks.close(use)
+    _unlink(str(base / name))
 
 
 def _sweep_live(base: Path, name: str) -> None:
@@ -387,7 +421,7 @@ def _note_failure(base: Path, key: str, why: str) -> None:
 
 
 def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Optional[Listing] = None,
-            pipelined: bool = False) -> Optional[Relay]:
+            pipelined: bool = False, readers: int = 1) -> Optional[Relay]:
     """A node-local copy of *uri*'s weights, held for reading until :func:`release`.
 
     The first caller on the node copies. Without *pipelined* the others wait for the whole
@@ -397,7 +431,8 @@ def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Opt
     each range as soon as it is on the node and verified (:mod:`.relay_read`). A crashed
     copier's lock is dropped by the kernel; the next caller resumes from its verified ranges.
     None, after one WARNING, whenever the relay cannot serve the copy (it does not fit, the
-    directory is not safe, the copy failed or stalled): the caller streams from the store."""
+    directory is not safe, the copy failed or stalled): the caller streams from the store.
+    *readers*: the readers of this model the node expects, this one included (see :func:`release`)."""
     started = time.monotonic()
     fs, prefix, store = opened = open_store(uri, fs_and_path)
     listing = listing or list_model(uri, fs_and_path, opened)
@@ -416,6 +451,7 @@ def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Opt
     use_fd = _hold(base, key)
     if use_fd is None:
         return None
+    _came(base, key)  # counted whether it relays or streams: a reader that came is not waited for
     try:
         sweep(base, current=(listing.uri, store_key, key))
         fetched = False
@@ -429,7 +465,10 @@ def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Opt
                 return _give_up(use_fd, base)
             if pipelined:
                 relay = _start_or_join(base, key, listing, opened, store_key, final, use_fd, started)
-                return relay if relay is not None else _give_up(use_fd, base)
+                if relay is None:
+                    return _give_up(use_fd, base)
+                relay.expected = max(1, readers)
+                return relay
             fetch_fd = _wait_for_fetch(base, key, listing.uri)
             if fetch_fd is None:
                 _stream_instead(f"the copy of {listing.uri} made no progress for {relay_copy.STALL_S:.0f} s")
@@ -456,7 +495,7 @@ def acquire(uri: str, fs_and_path: FsAndPath = default_fs_and_path, listing: Opt
                 _stream_instead(why)
                 return _give_up(use_fd, base)
         _touch(final)
-        relay = Relay(final, key, nbytes, fetched, time.monotonic() - started, use_fd)
+        relay = Relay(final, key, nbytes, fetched, time.monotonic() - started, use_fd, expected=max(1, readers))
     except BaseException:
         _give_up(use_fd, base)
         raise
@@ -609,12 +648,65 @@ def _unlink_if_free(path: Path) -> None:
             locks.close(fd)
 
 
+def _came(base: Path, key: str) -> None:
+    """Count one more reader of *key* on this node: a byte appended to ``.<key>.came`` (freed
+    with the copy, so a copy made again counts afresh)."""
+    try:
+        fd = os.open(base / f".{key}.came", os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+                     | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except OSError:  # not counted: the copy waits for one reader too many, within RAY_RUNAI_SHIM_RELAY_WAIT
+        return
+    try:
+        os.write(fd, b".")
+    finally:
+        os.close(fd)
+
+
+def came(base: Path, key: str) -> int:
+    """How many readers of *key* this node has had since its copy was begun."""
+    try:
+        return os.stat(base / f".{key}.came", follow_symlinks=False).st_size
+    except OSError:
+        return 0
+
+
 _release_guard = threading.Lock()
 
 
 def release(relay: Relay) -> bool:
     """This process has loaded its weights: drop its hold; the last reader frees the copy
-    (unless ``RAY_RUNAI_SHIM_RELAY_KEEP`` keeps it). Idempotent. True when this call freed it."""
+    (unless ``RAY_RUNAI_SHIM_RELAY_KEEP`` keeps it). Idempotent. True when this call freed it.
+
+    While fewer readers have come than the node expects (``relay.expected``: Serve's replicas
+    or Ray Data's engines that start later than this one loaded), the hold is kept in a thread
+    until they have come or ``RAY_RUNAI_SHIM_RELAY_WAIT`` has passed (False now; the thread
+    lets go then): a late reader reads node memory, not the store again."""
+    with _release_guard:
+        if relay._fd is None or relay._linger is not None:
+            return False
+        had = came(relay.path.parent, relay.key) if relay.expected > 1 else 1
+        if relay.expected > 1 and had < relay.expected:
+            relay._linger = threading.Thread(target=_linger, args=(relay, had), name="rrs-relay-wait", daemon=True)
+            relay._linger.start()
+            return False
+    return _let_go(relay)
+
+
+def _linger(relay: Relay, had: int) -> None:
+    wait_s = settings.seconds(RELAY_WAIT, WAIT_S)
+    logger.info("ray-runai-shim: node relay: %d of the %d readers this node expects have come; keeping %s for "
+                "the others for up to %.0f s (%s)", had, relay.expected, relay.path, wait_s, RELAY_WAIT)
+    deadline = time.monotonic() + wait_s
+    while came(relay.path.parent, relay.key) < relay.expected and time.monotonic() < deadline:
+        if relay._stop_waiting.wait(0.2):
+            break
+    try:
+        _let_go(relay)
+    except Exception:
+        logger.warning("ray-runai-shim: node relay: could not let go of %s", relay.path, exc_info=True)
+
+
+def _let_go(relay: Relay) -> bool:
     with _release_guard:
         fd, relay._fd = relay._fd, None
     if fd is None:

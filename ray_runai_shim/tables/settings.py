@@ -27,6 +27,7 @@ RELAY = "RAY_RUNAI_SHIM_RELAY"  # auto | on | off: the node relay (one store rea
 RELAY_DIR = "RAY_RUNAI_SHIM_RELAY_DIR"  # where relay copies live (default: /dev/shm)
 CLUSTER_RELAY = "RAY_RUNAI_SHIM_CLUSTER_RELAY"  # auto | off: node relays take the weights from each other
 RELAY_KEEP = "RAY_RUNAI_SHIM_RELAY_KEEP"  # bytes a copy may keep after the last load (default 0)
+RELAY_WAIT = "RAY_RUNAI_SHIM_RELAY_WAIT"  # how long a copy waits for the node's late readers (default 120 s)
 NODE_ENGINES = "RAY_RUNAI_SHIM_NODE_ENGINES"  # engines of one model planned per node (default: 1)
 CHAINED_SETUP_HOOK = "RAY_RUNAI_SHIM_CHAINED_SETUP_HOOK"  # the user's own worker setup hook, run after ours
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from support import shm
@@ -61,9 +62,9 @@ def relay_dir(monkeypatch):
         yield d
 
 
-def start_reader(s3, endpoint: str, model: dict, relay_dir: Path, **args):
+def start_reader(s3, endpoint: str, model: dict, relay_dir: Path, env: Optional[dict] = None, **args):
     env = base_env({**s3.env(), "AWS_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL_S3": endpoint,
-                    relay.RELAY_DIR: str(relay_dir)})
+                    relay.RELAY_DIR: str(relay_dir), **(env or {})})
     payload = {"uri": model["uri"], "endpoint": endpoint, "weights": model["weights"], "mode": "relay", **args}
     return subprocess.Popen([sys.executable, str(CHILD), json.dumps(payload)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -75,6 +76,7 @@ def finish(proc) -> dict:
     assert lines, err[-3000:]
     result = json.loads(lines[-1])
     assert "error" not in result, (result, err[-3000:])
+    result["stderr"] = err
     return result
 
 
@@ -101,6 +103,49 @@ def test_n_readers_on_a_node_read_the_store_once(s3, big, relay_dir, readers):
         direct = proxy.body_bytes(".safetensors")
     assert all(r["tensors"] == big["tensors"] for r in results)
     assert direct >= readers * big["bytes"], (direct, readers, big["bytes"])
+
+
+@pytest.mark.parametrize("expected", [2, 1], ids=["waits-for-the-second", "control-the-last-present-frees"])
+def test_a_reader_that_comes_after_the_others_loaded_reads_node_memory(s3, big, relay_dir, tmp_path, expected):
+    """Serve's replicas start at their own pace: the second may come after the first has loaded
+    and let go. The node expects two readers, so the copy is held for the second (up to
+    RAY_RUNAI_SHIM_RELAY_WAIT): one store read. Control: expecting one, the first frees the copy
+    when it lets go and the late reader reads the store again."""
+    released = tmp_path / "first-released"
+    with CountingProxy(s3.port) as proxy:
+        first = start_reader(s3, proxy.endpoint, big, relay_dir, readers=expected, released=str(released))
+        deadline = time.monotonic() + 120
+        while not released.exists():  # the first has loaded and let go before the second starts
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.05)
+        held = shim_files(relay_dir)
+        second = start_reader(s3, proxy.endpoint, big, relay_dir, readers=expected)
+        late, early = finish(second), finish(first)
+        weights = proxy.body_bytes(".safetensors")
+    assert early["tensors"] == big["tensors"] and late["tensors"] == big["tensors"]
+    if expected == 2:
+        assert [early["fetched"], late["fetched"]] == [True, False]
+        assert weights == big["bytes"], weights / big["bytes"]  # the store once for both
+        assert any(not name.startswith(".") for name in held), held  # the copy waited for the second
+        assert early["waited_s"] < 60  # let go once the second came, not at the end of the wait
+    else:
+        assert [early["fetched"], late["fetched"]] == [True, True]
+        assert weights == 2 * big["bytes"], weights / big["bytes"]
+        assert held == [], held  # freed as the first let go
+    assert shim_files(relay_dir) == []  # nothing left once both have let go
+
+
+def test_a_reader_that_never_comes_is_waited_for_only_so_long(s3, big, relay_dir, tmp_path):
+    """The node expected a second reader that never comes (a replica placed elsewhere): the copy
+    is freed once RAY_RUNAI_SHIM_RELAY_WAIT has passed, not kept in node memory."""
+    env = {relay.RELAY_WAIT: "3s"}
+    with CountingProxy(s3.port) as proxy:
+        reader = start_reader(s3, proxy.endpoint, big, relay_dir, readers=2, env=env)
+        result = finish(reader)
+    assert result["tensors"] == big["tensors"] and result["fetched"]
+    assert 2.5 <= result["waited_s"] < 30, result["waited_s"]
+    assert "1 of the 2 readers this node expects have come" in result["stderr"], result["stderr"][-2000:]
+    assert shim_files(relay_dir) == []
 
 
 def fs_for(endpoint: str):

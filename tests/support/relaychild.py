@@ -5,9 +5,13 @@ proxy in front of it), ``mode``: ``relay`` (the node relay, then the real stream
 local copy) or ``stream`` (the real streamer straight from the store, as without the relay);
 ``range`` (relay range bytes), ``hold`` (seconds to keep the copy before release),
 ``release`` (default true), ``pipelined`` (read a copy in progress as it lands, as the vLLM
-ranks do), ``trace`` (a file that gets ``<seconds> <name>`` per tensor as it arrives), ``resume``, ``tries`` (tries per range), ``budget`` (the readers on the node: set the streamer's memory
-budget as the engine's process does, after the relay's copy is in place). Prints one JSON line: per-tensor sha256, where the weights came
-from, whether this process fetched, timings.
+ranks do), ``trace`` (a file that gets ``<seconds> <name>`` per tensor as it arrives, and
+``@acquire`` when the reader reaches the relay), ``resume``, ``tries`` (tries per range),
+``budget`` (the readers on the node: set the streamer's memory budget as the engine's process
+does, after the relay's copy is in place), ``readers`` (the readers the node expects: the hold
+kept for late ones after release), ``released`` (a file made once this reader has let go).
+Prints one JSON line: per-tensor sha256, where the weights came from, whether this process
+fetched, timings.
 """
 
 from __future__ import annotations
@@ -77,7 +81,8 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"pid": os.getpid()}
     if args["mode"] == "relay":
         _trace("@acquire")  # a line for the test, not a tensor: this reader is at the relay's door
-        got = relay.acquire(args["uri"], fs_and_path, pipelined=bool(args.get("pipelined")))
+        got = relay.acquire(args["uri"], fs_and_path, pipelined=bool(args.get("pipelined")),
+                            readers=int(args.get("readers", 1)))
         if got is None:
             result["relay"] = None
             paths = [f"{args['uri']}/{k}" for k in args["weights"]]
@@ -119,6 +124,11 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
         time.sleep(float(args.get("hold", 0)))
         if got is not None and args.get("release", True):
             result["freed"] = relay.release(got)
+            if args.get("released"):  # the test's sign that this reader has loaded and let go
+                Path(args["released"]).write_text("")
+            t_released = time.monotonic()
+            got.wait_for_late_readers()  # as a replica lives on: the hold kept for the node's late readers
+            result["waited_s"] = time.monotonic() - t_released
     else:
         result["tensors"] = stream_tensors([f"{args['uri']}/{k}" for k in args["weights"]])
         result["ready_s"] = time.monotonic() - t0
@@ -127,6 +137,12 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    import logging
+
+    _said = logging.StreamHandler()  # the shim's lines on stderr, INFO included, as in an engine's log
+    _said.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    logging.getLogger("ray.runai_shim").addHandler(_said)
+    logging.getLogger("ray.runai_shim").setLevel(logging.INFO)
     try:
         print(json.dumps(main(json.loads(sys.argv[1]))), flush=True)
     except Exception as e:  # one JSON line either way
