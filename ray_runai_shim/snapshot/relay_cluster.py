@@ -17,7 +17,8 @@ the reading account: only a node that listed the same versions, as the same acco
   node's object store and the node's memory holds the copy and the objects both, so Ray's store
   stays below its spilling threshold for them; peers drop each range as soon as it is written
   (a secondary copy, evicted, never spilled); the registry lets go of every range once the
-  source and every peer that joined have their copies, after ``LINGER_S`` for late nodes;
+  source and every peer that joined have their copies, after ``RAY_RUNAI_SHIM_RELAY_WAIT``
+  (120 s) for late nodes;
 * nothing torn or stale: a range is offered only after the source verified it; a peer ends with
   the node relay's own last check (every object's identity read again);
 * faults cost time, never the model: a source gone, a range lost or evicted, a transfer that
@@ -51,8 +52,9 @@ PULL_STALL_S = 30.0
 #: node to claim the model copies it.
 BEAT_S = 2.0
 SOURCE_SILENT_S = 10.0
-#: How long the registry keeps a model's ranges after the source and every peer have theirs.
-LINGER_S = 60.0
+#: How long the registry keeps a model's ranges after the source and every peer have theirs,
+#: for nodes that start later (``RAY_RUNAI_SHIM_RELAY_WAIT``, as the node relay waits for its own).
+LINGER_S = 120.0
 #: Ranges are put in pieces of at most this many bytes; a peer pulls this many at once.
 PIECE_BYTES = 8 << 20
 PULL_AT_ONCE = 8
@@ -62,6 +64,11 @@ STORE_SHARE = 0.5
 CALL_TIMEOUT_S = 30.0
 #: The registry leaves once it has held no model for this long.
 IDLE_EXIT_S = 120.0
+
+
+def linger_s() -> float:
+    """``RAY_RUNAI_SHIM_RELAY_WAIT``, else :data:`LINGER_S`."""
+    return settings.seconds(settings.RELAY_WAIT, LINGER_S)
 
 
 def mode() -> str:
@@ -214,9 +221,9 @@ class Registry:
         while True:
             time.sleep(1.0)
             with self.cond:
-                now = time.monotonic()
+                now, linger = time.monotonic(), linger_s()
                 for key in [k for k, m in self.models.items()
-                            if m["idle_since"] is not None and now - m["idle_since"] >= LINGER_S]:
+                            if m["idle_since"] is not None and now - m["idle_since"] >= linger]:
                     self.models.pop(key, None)  # the last references: Ray frees the objects
                 if self.models:
                     empty_since = now

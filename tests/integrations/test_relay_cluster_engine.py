@@ -35,8 +35,10 @@ def two_nodes(s3, tag: str, setting: str, resources: str, cpus: tuple[int, int],
     sandbox = make_sandbox(s3, root)
     try:
         with CountingProxy(s3.port) as proxy:
+            # Two vLLM engines starting on 2 cores can be minutes apart (a Serve deploy took 321 s
+            # once): the ranges are kept for the later node that long (the documented knob).
             sandbox.env.update(AWS_ENDPOINT_URL=proxy.endpoint, AWS_ENDPOINT_URL_S3=proxy.endpoint,
-                               RAY_RUNAI_SHIM_CLUSTER_RELAY=setting, **env)
+                               RAY_RUNAI_SHIM_CLUSTER_RELAY=setting, RAY_RUNAI_SHIM_RELAY_WAIT="15m", **env)
             with RayCluster(sandbox.env, root=root / "cluster") as cluster:
                 nodes = []
                 for i, start in enumerate((cluster.start_head, cluster.add_node)):
