@@ -21,9 +21,9 @@ It is on by default, so it must be safe to leave on (docs/node-relay.md has the 
   and release sweeps the directory: a copy nobody holds is freed unless it fits under
   ``RAY_RUNAI_SHIM_RELAY_KEEP`` (a total for the node, most recently used kept first); an
   older version of a model being acquired now is never kept; half copies of dead fetchers
-  are removed. A copy whose node expects more readers than have come (Serve's replicas and
-  Ray Data's engines start at their own pace) is held by its last reader, in a thread, until
-  they come or ``RAY_RUNAI_SHIM_RELAY_WAIT`` (120 s) passes: a late reader reads node memory;
+  are removed. A copy whose node expects more readers than have come (Serve's replicas start
+  at their own pace) is held by its last reader, in a thread, until they come or
+  ``RAY_RUNAI_SHIM_RELAY_WAIT`` (120 s) passes: a late reader reads node memory;
 * **never torn, never stale**: the key holds the store, the reading identity, the URI and
   every weight object's size and content identity (S3 ETag, GCS generation); the copy is
   pinned to those identities -- each object's is read again when it is opened and after its
@@ -73,8 +73,6 @@ from .staging import (
 )
 
 RELAY, RELAY_DIR, RELAY_KEEP, RELAY_WAIT = settings.RELAY, settings.RELAY_DIR, settings.RELAY_KEEP, settings.RELAY_WAIT
-#: How long a copy waits for the readers its node still expects after the present ones loaded.
-WAIT_S = 120.0
 #: A copy that failed this recently is not tried again by the next waiter: it streams.
 FAILED_S = 60.0
 #: How long a sweep waits for one already running (a sweep takes milliseconds).
@@ -678,14 +676,14 @@ def release(relay: Relay) -> bool:
     (unless ``RAY_RUNAI_SHIM_RELAY_KEEP`` keeps it). Idempotent. True when this call freed it.
 
     While fewer readers have come than the node expects (``relay.expected``: Serve's replicas
-    or Ray Data's engines that start later than this one loaded), the hold is kept in a thread
+    that start later than this one loaded), the hold is kept in a thread
     until they have come or ``RAY_RUNAI_SHIM_RELAY_WAIT`` has passed (False now; the thread
     lets go then): a late reader reads node memory, not the store again."""
     with _release_guard:
         if relay._fd is None or relay._linger is not None:
             return False
-        had = came(relay.path.parent, relay.key) if relay.expected > 1 else 1
-        if relay.expected > 1 and had < relay.expected:
+        had = came(relay.path.parent, relay.key) if relay.expected > 1 else relay.expected
+        if had < relay.expected:
             relay._linger = threading.Thread(target=_linger, args=(relay, had), name="rrs-relay-wait", daemon=True)
             relay._linger.start()
             return False
@@ -693,7 +691,7 @@ def release(relay: Relay) -> bool:
 
 
 def _linger(relay: Relay, had: int) -> None:
-    wait_s = settings.seconds(RELAY_WAIT, WAIT_S)
+    wait_s = relay_cluster.linger_s()  # one wait for late readers, on the node and across nodes
     logger.info("ray-runai-shim: node relay: %d of the %d readers this node expects have come; keeping %s for "
                 "the others for up to %.0f s (%s)", had, relay.expected, relay.path, wait_s, RELAY_WAIT)
     deadline = time.monotonic() + wait_s

@@ -67,7 +67,9 @@ IDLE_EXIT_S = 120.0
 
 
 def linger_s() -> float:
-    """``RAY_RUNAI_SHIM_RELAY_WAIT``, else :data:`LINGER_S`."""
+    """How long a copy waits for late readers: the registry's ranges for later nodes, and a node
+    copy for its node's later Serve replicas (:func:`.relay.release`). ``RAY_RUNAI_SHIM_RELAY_WAIT``,
+    else :data:`LINGER_S`."""
     return settings.seconds(settings.RELAY_WAIT, LINGER_S)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -162,6 +163,4 @@ class Zygote:
                 self._proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
-        import shutil
-
         shutil.rmtree(self._dir, ignore_errors=True)
