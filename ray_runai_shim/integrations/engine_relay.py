@@ -220,7 +220,27 @@ def _at_exit() -> None:
 _copying: list = []
 #: How long an exiting process finishes a copy it still makes.
 EXIT_WAIT_S = 30.0
-atexit.register(_at_exit)
+
+
+def _register_at_exit() -> None:
+    """Run :func:`_at_exit` when the main thread ends, before ``concurrent.futures`` shuts its
+    pools: from then on they refuse new work, and a copy still being made would fail mid-way
+    (seen: a ``.failed`` note left on the node, its other readers streaming from the store).
+    Threading's exit hooks run last-registered first, and that module's was registered at its
+    import, before this one. Where CPython has no such hook, ``atexit`` (run after it)."""
+    import concurrent.futures.thread  # noqa: F401  (its hook registered first, so it runs after ours)
+
+    hook = getattr(threading, "_register_atexit", None)
+    if hook is not None:
+        try:
+            hook(_at_exit)
+            return
+        except RuntimeError:  # the interpreter is already shutting down
+            pass
+    atexit.register(_at_exit)
+
+
+_register_at_exit()
 
 
 @fail_open("releasing the node relay copy", fallback="the copy is freed when this process exits")

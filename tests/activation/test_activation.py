@@ -120,6 +120,9 @@ print(json.dumps({**ray.get(ray.remote(probe).remote()), "init_wrapped": type(ra
     assert out["shim_loaded_before_probe"] is False and out["installed"] is False
 
 
+# CI time (#37): in test-all; test_jobs.py's pip job installs the same built wheel through a
+# runtime_env in CI.
+@pytest.mark.extended
 def test_runtime_env_pip_dependency_activates_workers_without_a_driver_import(sandbox, built):
     """``runtime_env={"pip": [...]}``: Ray builds a virtualenv with the wheel; its ``.pth``
     loads the shim at worker start when RAY_RUNAI_SHIM_AUTOLOAD=1, and keeps the variable so

@@ -109,7 +109,10 @@ def test_the_bootstrap_costs_nothing_until_ray_is_imported():
     json.dumps(out)
 
 
+# CI time (#37): in test-all; test_relay_cluster_engine.py runs the same example with a
+# driver-imported shim and an engine on each node of a two-node cluster (no weight byte on disk).
 @pytest.mark.engine
+@pytest.mark.extended
 def test_the_pipelines_stage_on_the_second_node_streams(s3, models, sandbox):
     """ray#55574's pipeline, driver-imported shim, the vLLM stage forced onto node 2."""
     model = models["tiny-sharded"]

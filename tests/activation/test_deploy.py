@@ -175,6 +175,9 @@ def test_serve_deploy_config_of_a_module_importing_the_shim_streams(s3, models, 
     assert "load the shim in their replicas" in run["logs"]  # said in the app's build log
 
 
+# CI time (#37): in test-all; the image's autoload is shown in CI by the `serve run` app above
+# (the same .pth, in Ray's own worker processes) and by test_cluster.py's sitecustomize image.
+@pytest.mark.extended
 def test_image_autoload_streams_a_ray_data_job_whose_script_never_imports_the_shim(s3, models, image,
                                                                                     deploy_sandbox):
     """The seed's script minus its import line, run on the image (its `python`, the image's

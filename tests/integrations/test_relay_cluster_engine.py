@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -52,7 +53,8 @@ def two_nodes(s3, tag: str, setting: str, resources: str, cpus: tuple[int, int],
                                "RAY_RUNAI_SHIM_RELAY_DIR": str(node / "relay")})
                 yield root, sandbox, proxy, cluster, nodes
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if not os.environ.get("RRS_TEST_KEEP_CLUSTER"):  # set it to read a failed run's logs
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _spilled(root: Path) -> list[str]:

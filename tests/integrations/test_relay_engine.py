@@ -14,7 +14,6 @@ the limit; the probe lowers ``LOCAL_READ_BYTES`` below the tiny checkpoint so th
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -62,7 +61,8 @@ def test_the_ranks_get_the_relay_copys_buffer_through_the_load_config(s3, models
     limit = out["extra"]["memory_limit"]
     assert BUFFER <= limit < sum(sizes), out  # the buffer (or the largest tensor), less than the checkpoint
     assert out["engine_env"] == str(limit) and out["rank_env"] == str(limit), out
-    assert os.listdir(shm_relay_dir) == []  # the probe's release freed the copy
+    left = sorted(str(p.relative_to(shm_relay_dir)) for p in shm_relay_dir.rglob("*"))
+    assert left == [], left  # the probe's release freed the copy
 
 
 @pytest.mark.slow
@@ -70,6 +70,48 @@ def test_control_without_the_shim_vllm_gets_no_limit(s3, models, sandbox, shm_re
     out = probe(sandbox, models[MODEL], shm_relay_dir, RAY_RUNAI_SHIM_DISABLE="1")
     assert out["patched"] == [] and out["weights"] == models[MODEL].uri and not out["extra"], out
     assert out["engine_env"] is None and out["rank_env"] is None, out
+
+
+EXIT_MID_COPY = """
+import atexit, json, sys, threading
+from ray_runai_shim.snapshot import relay
+from ray_runai_shim.integrations import engine_relay
+if sys.argv[1] == "control":  # the exit wait where it was until 2026-12: atexit, run after
+    # concurrent.futures has shut its pools at the main thread's end
+    threading._threading_atexits[:] = [c for c in threading._threading_atexits
+                                       if getattr(c, "func", None) is not engine_relay._at_exit]
+    atexit.register(engine_relay._at_exit)
+got = relay.acquire(sys.argv[2], pipelined=True)
+engine_relay._held.append(got)
+engine_relay.release_all()  # this engine is done (or gave up) at once; the copy goes on in its thread
+print(json.dumps({"live": got.live}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exit_hook", ["threading", "control"])
+def test_a_process_that_exits_mid_copy_finishes_the_copy_and_frees_it(s3, models, sandbox, shm_relay_dir, exit_hook):
+    """An engine's process that ends while the copy it makes is still coming (over a slow link)
+    finishes it first (bounded: ``EXIT_WAIT_S``): the store sent every weight byte once and the
+    node is left clean. Control: the wait run by ``atexit`` -- after ``concurrent.futures`` has
+    refused new work -- the copy fails mid-way and leaves a ``.failed`` note that sends the
+    node's next readers to the store."""
+    from support.proxy import CountingProxy
+
+    model = models[MODEL]
+    size = sum((model.local / w).stat().st_size for w in model.weights)
+    with CountingProxy(s3.port, rate=size / 3) as proxy:  # ~3 s for the copy
+        sandbox.env.update(AWS_ENDPOINT_URL=proxy.endpoint, AWS_ENDPOINT_URL_S3=proxy.endpoint,
+                           RAY_RUNAI_SHIM_RELAY_DIR=str(shm_relay_dir))
+        out = last_json(run_python(EXIT_MID_COPY, env=sandbox.env, args=(exit_hook, model.uri)))
+        sent = proxy.body_bytes(".safetensors")
+    assert out["live"]  # the process let go while its copy was still being made
+    left = sorted(p.name for p in shm_relay_dir.rglob("*"))
+    if exit_hook == "control":
+        assert any(name.endswith(".failed") for name in left), left
+        assert sent < size, (sent, size)
+    else:
+        assert left == [] and sent == size, (left, sent, size)
 
 
 PLACEMENT = """

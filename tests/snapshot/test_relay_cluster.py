@@ -414,6 +414,9 @@ def test_a_source_killed_mid_copy_costs_the_peer_only_what_it_had_not_taken(s3, 
     assert _files_under(dirs[1] / "relay") == []
 
 
+# CI time (#37): in test-all; CI runs the source's process SIGKILLed mid-copy above, which the
+# registry meets the same way (the source falls silent).
+@pytest.mark.extended
 def test_a_source_node_lost_mid_copy_costs_the_peer_only_what_it_had_not_taken(s3, model, tmp_path):
     """The whole node copying the model goes (every process of it: its raylet and object store,
     the registry that lived there, the ranges' primary copies) while the head node takes ranges
