@@ -47,9 +47,10 @@ NAME = "ray-runai-shim-cluster-relay"
 NAMESPACE = "ray-runai-shim"
 #: A peer that receives no new range for this long copies the rest from the store.
 PULL_STALL_S = 30.0
-#: The source says it is alive this often while it copies; silent for SOURCE_SILENT_S, it is
-#: taken for gone (its process died): its peers read the rest from the store, and the next
-#: node to claim the model copies it.
+#: The source says it is alive this often while it copies, from a thread of its own (a copy
+#: loop waiting on the store or on Ray's object store is not a dead process); silent for
+#: SOURCE_SILENT_S, it is taken for gone (its process died): its peers read the rest from the
+#: store, and the next node to claim the model copies it.
 BEAT_S = 2.0
 SOURCE_SILENT_S = 10.0
 #: How long the registry keeps a model's ranges after the source and every peer have theirs,
@@ -62,6 +63,9 @@ PULL_AT_ONCE = 8
 #: only above its threshold, 0.8 by default: half leaves room for everything else).
 STORE_SHARE = 0.5
 CALL_TIMEOUT_S = 30.0
+#: The first claim on a node waits for the registry's actor to start: a new worker process,
+#: which on a loaded node (engines starting beside it) took longer than CALL_TIMEOUT_S.
+CLAIM_TIMEOUT_S = 120.0
 #: The registry leaves once it has held no model for this long.
 IDLE_EXIT_S = 120.0
 
@@ -272,9 +276,27 @@ class Share:
         self.pulled = 0
         self._fits = fits  # "" when the source may put the model into Ray's object store, else why not
         self._checked = False
-        self._beaten = 0.0
         self._sent: dict[str, relay_progress.Intervals] = {}
         self._broken = False
+        self._done = threading.Event()  # stops the source's beat
+
+    def start(self) -> None:
+        """As the source: say it is alive every ``BEAT_S`` from a thread of its own until the
+        copy ends (:meth:`finish`) or sharing stops; it dies with the process, which is what
+        the silence means."""
+        if self.role != "source":
+            return
+
+        def run() -> None:
+            while not self._done.wait(BEAT_S):
+                if self._broken:
+                    return
+                try:
+                    self.actor.beat.remote(self.key)
+                except Exception:
+                    return
+
+        threading.Thread(target=run, name="rrs-cluster-beat", daemon=True).start()
 
     # -- the source ------------------------------------------------------------------------
     def offer(self, publisher: relay_progress.Publisher, read: Callable[[str, int, int], bytes]) -> None:
@@ -282,7 +304,6 @@ class Share:
         for the nodes that take the model from this one now or within ``LINGER_S``."""
         if self.role != "source" or self._broken or not self._may_put():
             return
-        self.beat()
         try:
             import numpy as np
 
@@ -303,18 +324,6 @@ class Share:
         except Exception as e:
             self._stop_sharing(f"putting it into Ray's object store failed ({_why(e)})")
 
-    def beat(self) -> None:
-        """Tell the registry this source is alive (at most every ``BEAT_S``)."""
-        if self.role != "source" or self._broken:
-            return
-        now = time.monotonic()
-        if now - self._beaten >= BEAT_S:
-            self._beaten = now
-            try:
-                self.actor.beat.remote(self.key)
-            except Exception:
-                pass
-
     def _may_put(self) -> bool:
         """Whether the model fits in Ray's object store here (asked once; when not, the other
         nodes read the store, and this one says why at INFO: nobody may have wanted it)."""
@@ -330,11 +339,13 @@ class Share:
 
     def _stop_sharing(self, why: str) -> None:
         self._broken = True
+        self._done.set()
         logger.warning("ray-runai-shim: cluster relay: this node stops sharing %s with the other nodes: %s; they "
                        "read the store for the rest", self.uri, why)
         self._tell_stopped(why)
 
     def _tell_stopped(self, why: str) -> None:
+        self._done.set()
         try:
             self.actor.finish.remote(self.key, self.node, False, why)
         except Exception:
@@ -391,6 +402,7 @@ class Share:
 
     def finish(self, ok: bool) -> None:
         """This node's copy is whole (*ok*) or given up; a source that stopped sharing said so."""
+        self._done.set()
         if self.role == "source" and self._broken:
             return
         try:
@@ -418,7 +430,7 @@ def join(key: str, uri: str, nbytes: int, room: Callable[[], int]) -> Optional[S
         node = ray.get_runtime_context().get_node_id()
         capacity = _capacity(nodes, node)
         actor = registry(ray)
-        got = ray.get(actor.claim.remote(key, node), timeout=CALL_TIMEOUT_S)
+        got = ray.get(actor.claim.remote(key, node), timeout=CLAIM_TIMEOUT_S)
     except Exception as e:
         logger.warning("ray-runai-shim: cluster relay: Ray cannot carry %s between nodes here (%s); this node reads "
                        "the store", uri, _why(e))
@@ -436,6 +448,7 @@ def join(key: str, uri: str, nbytes: int, room: Callable[[], int]) -> Optional[S
                 f"spare; give Ray a larger object store, or set {CLUSTER_RELAY}=off)")
 
     share = Share(ray, actor, key, uri, role, node, got.get("source", ""), fits=fits)
+    share.start()
     if role == "peer":
         logger.info("ray-runai-shim: cluster relay: taking %s from node %s through Ray's object store", uri,
                     share.source[:12])

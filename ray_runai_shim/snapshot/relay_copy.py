@@ -363,8 +363,6 @@ def _verify(publisher: relay_progress.Publisher, listing: Listing, fs: Any, pref
     """Publish the ranges written so far once their objects' identities, read now, are still the
     pinned ones (*every*: read every object's, the copy's last check), and offer them to the
     cluster (*share*). CopyFailed on a change."""
-    if share is not None:
-        share.beat()  # alive, even while the store sends nothing
     written = publisher.take_written()
     if not written and not every:
         return

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from support.checkpoints import upload_model
 from support.cluster import RayCluster
-from support.procs import base_env, run_python
+from support.procs import base_env, last_json, run_python
 from support.proxy import CountingProxy
 
 from ray_runai_shim.snapshot import relay_cluster
@@ -281,6 +281,42 @@ def test_a_silent_source_is_replaced_and_finished_models_are_let_go(monkeypatch)
     while reg.status() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert reg.status() == []
+
+
+QUIET_SOURCE = """
+import json, sys, tempfile, time
+import ray
+from ray_runai_shim.snapshot import relay_cluster as rc
+ray.init(num_cpus=1, include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="rrs-q-", dir="/tmp"))
+actor = rc.registry(ray)  # the real registry actor
+node = ray.get_runtime_context().get_node_id()
+role = ray.get(actor.claim.remote("k", node), timeout=rc.CLAIM_TIMEOUT_S)["role"]
+share = rc.Share(ray, actor, "k", "s3://b/m", role, node)
+if sys.argv[1] == "beating":
+    share.start()  # as join() does
+time.sleep(rc.SOURCE_SILENT_S + 3)  # its copy loop waits (the store, a put): nothing offered meanwhile
+_items, state, why = ray.get(actor.ranges.remote("k", 0, 0.5))
+peer = ray.get(actor.claim.remote("k", "another-node"))["role"]
+share.finish(True)
+print(json.dumps({"role": role, "state": state, "why": why, "peer": peer}))
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("beat", ["beating", "control-no-beat-thread"])
+def test_a_source_whose_copy_is_slow_is_not_taken_for_gone(beat):
+    """A source whose copy loop offers nothing for longer than ``SOURCE_SILENT_S`` (a store or a
+    put that is slow on a loaded node) still says it is alive from its own thread: a peer keeps
+    waiting for its ranges and another node's claim makes it a peer, not a second source. Real
+    registry actor on a local Ray. Control: without the beat thread (the beat came from the copy
+    loop until 2026-12) the peer hears "silent" and the next node copies from the store too."""
+    out = last_json(run_python(QUIET_SOURCE, env=base_env({}), args=(beat,), timeout=180))
+    assert out["role"] == "source"
+    if beat == "beating":
+        assert (out["state"], out["peer"]) == ("copying", "peer"), out
+    else:
+        assert (out["state"], out["peer"]) == ("silent", "source"), out
+        assert "has said nothing for" in out["why"]
 
 
 def test_an_idle_registry_outside_an_actor_never_ends_its_process(monkeypatch):
