@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -284,10 +286,10 @@ def test_a_silent_source_is_replaced_and_finished_models_are_let_go(monkeypatch)
 
 
 QUIET_SOURCE = """
-import json, sys, tempfile, time
+import json, sys, time
 import ray
 from ray_runai_shim.snapshot import relay_cluster as rc
-ray.init(num_cpus=1, include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="rrs-q-", dir="/tmp"))
+ray.init(num_cpus=1, include_dashboard=False, _temp_dir=sys.argv[2])
 actor = rc.registry(ray)  # the real registry actor
 node = ray.get_runtime_context().get_node_id()
 role = ray.get(actor.claim.remote("k", node), timeout=rc.CLAIM_TIMEOUT_S)["role"]
@@ -310,7 +312,11 @@ def test_a_source_whose_copy_is_slow_is_not_taken_for_gone(beat):
     waiting for its ranges and another node's claim makes it a peer, not a second source. Real
     registry actor on a local Ray. Control: without the beat thread (the beat came from the copy
     loop until 2026-12) the peer hears "silent" and the next node copies from the store too."""
-    out = last_json(run_python(QUIET_SOURCE, env=base_env({}), args=(beat,), timeout=180))
+    temp = tempfile.mkdtemp(prefix="rrs-q-", dir="/tmp")  # Ray's socket paths stay short
+    try:
+        out = last_json(run_python(QUIET_SOURCE, env=base_env({}), args=(beat, temp), timeout=180))
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
     assert out["role"] == "source"
     if beat == "beating":
         assert (out["state"], out["peer"]) == ("copying", "peer"), out
