@@ -325,6 +325,67 @@ def test_a_source_whose_copy_is_slow_is_not_taken_for_gone(beat):
         assert "has said nothing for" in out["why"]
 
 
+STALLED_TRANSFER = """
+import json, logging, os, sys, time
+from pathlib import Path
+import numpy as np
+import ray
+from ray_runai_shim.snapshot import relay_cluster as rc, relay_progress
+from ray_runai_shim.snapshot.staging import Staging
+ray.init(num_cpus=1, include_dashboard=False, _temp_dir=sys.argv[1])
+rc.PULL_STALL_S = 4.0  # the peer's side runs here
+said = []
+
+
+class Keep(logging.Handler):
+    def emit(self, record):
+        said.append(f"{record.levelname} {record.getMessage()}")
+
+
+log = logging.getLogger("ray.runai_shim")
+log.addHandler(Keep())
+log.setLevel(logging.INFO)
+actor = rc.registry(ray)  # the real registry actor
+node = ray.get_runtime_context().get_node_id()
+assert ray.get(actor.claim.remote("k", node))["role"] == "source"
+source = rc.Share(ray, actor, "k", "s3://b/m", "source", node)
+source.start()  # alive and saying so; it offers one range, then nothing more comes
+first = np.full(1 << 20, 7, dtype=np.uint8)
+ray.get(actor.offer.remote("k", [("w.safetensors", 0, 1 << 20, [ray.put(first, _owner=actor)])]))
+got = ray.get(actor.claim.remote("k", "node-b"))
+peer = rc.Share(ray, actor, "k", "s3://b/m", got["role"], "node-b", got.get("source", ""))
+base = Path(sys.argv[2])
+publisher = relay_progress.Publisher(Staging(base), "s3://b/m", [("w.safetensors", 2 << 20)])
+fd = os.open(base / "w", os.O_RDWR | os.O_CREAT, 0o600)
+os.ftruncate(fd, 2 << 20)
+t0 = time.monotonic()
+whole = peer.pull(publisher, {"w.safetensors": fd})
+took = time.monotonic() - t0
+source.finish(True)
+print(json.dumps({"role": got["role"], "whole": whole, "took": took, "done": publisher.done, "said": said,
+                  "kept": os.pread(fd, 1 << 20, 0) == first.tobytes()}))
+"""
+
+
+@pytest.mark.ray
+def test_a_transfer_that_stalls_is_given_up_with_one_warning_keeping_what_came(tmp_path):
+    """The source lives and says so, but no range comes for ``PULL_STALL_S`` (4 s here): the
+    peer stops waiting with one WARNING naming it, keeps the range it took (published, in its
+    copy), and its caller reads the rest from the store (the copy's own path, as for every fault).
+    Real registry actor and Ray object transfer on a local Ray."""
+    temp = tempfile.mkdtemp(prefix="rrs-q-", dir="/tmp")  # Ray's socket paths stay short
+    try:
+        out = last_json(run_python(STALLED_TRANSFER, env=base_env({}), args=(temp, str(tmp_path)), timeout=180))
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert out["role"] == "peer" and out["whole"] is False, out
+    assert 4 <= out["took"] < 30, out  # given up after the stall, not at a Ray timeout
+    assert out["done"] == {"w.safetensors": [[0, 1 << 20]]} and out["kept"], out
+    warned = [line for line in out["said"] if line.startswith("WARNING")]
+    assert len(warned) == 1 and "no range arrived from its node for 4 s" in warned[0] \
+        and "this node reads the rest from the store" in warned[0], out["said"]
+
+
 def test_an_idle_registry_outside_an_actor_never_ends_its_process(monkeypatch):
     """The registry leaves by itself once idle, as an actor; a registry held elsewhere (this
     test's process) must not take its process with it."""
