@@ -345,7 +345,8 @@ def test_a_long_copy_says_how_far_it_is_and_a_short_one_says_nothing(s3, checkpo
             got.wait()
         relay.release(got)
     told = [r.getMessage() for r in caplog.records if "node relay: copying s3://" in r.getMessage()]
-    assert len(told) >= 2 and all("MiB of 12.0 MiB" in m and "/s, about" in m and "left" in m for m in told), told
+    # each line: how far (in the unit that fits: the first may still be KiB), of the whole, rate, time left
+    assert len(told) >= 2 and all(" of 12.0 MiB (" in m and "/s, about" in m and "left" in m for m in told), told
     [figures] = [f for f in relay_progress.current() if f["uri"] == model["uri"]]
     assert figures["state"] == relay_progress.DONE and figures["bytes"] == figures["total"] == model["bytes"]
     assert figures["rate_bytes_s"] > 0 and figures["eta_s"] == 0
