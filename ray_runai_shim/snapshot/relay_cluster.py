@@ -288,9 +288,7 @@ class Share:
             return
 
         def run() -> None:
-            while not self._done.wait(BEAT_S):
-                if self._broken:
-                    return
+            while not self._done.wait(BEAT_S):  # set by every way a source stops sharing or ends
                 try:
                     self.actor.beat.remote(self.key)
                 except Exception:
@@ -339,7 +337,6 @@ class Share:
 
     def _stop_sharing(self, why: str) -> None:
         self._broken = True
-        self._done.set()
         logger.warning("ray-runai-shim: cluster relay: this node stops sharing %s with the other nodes: %s; they "
                        "read the store for the rest", self.uri, why)
         self._tell_stopped(why)
